@@ -1,0 +1,28 @@
+"""gravac: adaptive gradient compression for data-parallel PyTorch on Horovod.
+
+Example::
+
+    import horovod.torch as hvd, gravac
+    hvd.init()
+    opt = gravac.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                      model.named_parameters(), compressor="topk",
+                                      controller=gravac.controllers.Static(cf=100))
+
+``gravac.compressors``, ``gravac.memory`` and ``gravac.controllers`` are pure PyTorch;
+only ``gravac.hvd`` (and ``gravac.DistributedOptimizer``) import Horovod.
+"""
+from . import compressors, controllers, memory
+
+__version__ = "0.1.0"
+
+
+def __getattr__(name):
+    # Horovod is imported only when the optimizer is used, so the pure tensor code (and
+    # its unit tests) works without initialising Horovod.
+    if name == "DistributedOptimizer":
+        from .hvd.optimizer import DistributedOptimizer
+        return DistributedOptimizer
+    raise AttributeError(f"module 'gravac' has no attribute {name!r}")
+
+
+__all__ = ["DistributedOptimizer", "compressors", "controllers", "memory", "__version__"]

@@ -1,0 +1,109 @@
+"""The compressor contract: pick which entries of a 1-D tensor to send.
+
+A compressor is pure tensor code. It never communicates, never owns residuals and never
+touches the global RNG. The same ``select`` serves both levels of multi-level
+compression: the first level sees a whole flattened layer, the second level sees the
+values the first level kept.
+"""
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from typing import NamedTuple
+
+import torch
+
+
+class SelectContext(NamedTuple):
+    """Where a ``select`` call happens; only randomised compressors look at it.
+
+    ``step`` and ``layer`` make the draws of Random-k reproducible and, when configured,
+    identical on every rank; ``rank`` lets them differ per rank; ``level`` separates the
+    first and second level of multi-level compression.
+    """
+
+    step: int = 0
+    layer: int = 0
+    rank: int = 0
+    level: int = 0
+
+
+def num_kept(n: int, cf: float) -> int:
+    """Elements kept from ``n`` at compression factor ``cf``: ``max(1, ceil(n / cf))``.
+
+    >>> num_kept(1000, 10), num_kept(5, 1000), num_kept(7, 1.5)
+    (100, 1, 5)
+    """
+    if cf < 1:
+        raise ValueError(f"compression factor must be >= 1 (1 = dense), got {cf}")
+    return min(n, max(1, math.ceil(n / cf)))
+
+
+class Compressor(ABC):
+    """Base class: subclasses implement ``_select`` for 1 <= k < n.
+
+    ``select(x, k)`` returns distinct int64 indices into ``x`` (a 1-D tensor); the values
+    sent are ``x[indices]``. ``k >= n`` returns every index; ``k < 1`` is an error.
+    ``count_bounds(k)`` documents how many indices a call may return.
+
+    Example::
+
+        comp = gravac.compressors.get("topk")
+        idx = comp.select(grad.view(-1), k=num_kept(grad.numel(), 100))
+        values = grad.view(-1)[idx]
+    """
+
+    name = "base"
+    #: True when ``select`` depends on SelectContext (randomised compressors).
+    uses_context = False
+    #: True for the dense pseudo-compressor: the optimizer then allreduces everything.
+    is_dense = False
+
+    def select(self, x: torch.Tensor, k: int, ctx: SelectContext | None = None) -> torch.Tensor:
+        if x.dim() != 1:
+            raise ValueError(f"{self.name}.select expects a 1-D tensor, got shape {tuple(x.shape)}; "
+                             "flatten the gradient with .view(-1) first")
+        k = int(k)
+        if k < 1:
+            raise ValueError(f"{self.name}.select needs k >= 1, got k={k}")
+        n = x.numel()
+        if k >= n:
+            return torch.arange(n, dtype=torch.int64, device=x.device)
+        return self._select(x, k, ctx or SelectContext())
+
+    @abstractmethod
+    def _select(self, x: torch.Tensor, k: int, ctx: SelectContext) -> torch.Tensor:
+        """Indices for 1 <= k < n; ``select`` has already checked the arguments."""
+
+    def count_bounds(self, k: int, n: int) -> tuple[int, int]:
+        """Inclusive (low, high) bounds on ``len(select(x, k))`` for a tensor of n elements."""
+        k = min(k, n)
+        return k, k
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+def exact_topk(magnitudes: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices of the k largest entries of ``magnitudes`` (unsorted, exact).
+
+    Half precision on CPU goes through float32: torch's CPU topk for fp16/bf16 is slow
+    and the ordering of the upcast values is the same.
+    """
+    if magnitudes.device.type == "cpu" and magnitudes.dtype in (torch.float16, torch.bfloat16):
+        magnitudes = magnitudes.float()
+    return torch.topk(magnitudes, k, sorted=False).indices
+
+
+def sample_magnitudes(ax: torch.Tensor, size: int, generator: torch.Generator) -> torch.Tensor:
+    """A uniform random sample (with replacement) of ``size`` entries of ``ax``."""
+    idx = torch.randint(0, ax.numel(), (size,), generator=generator, device="cpu")
+    return ax[idx.to(ax.device)]
+
+
+def kth_largest(values: torch.Tensor, k: int) -> torch.Tensor:
+    """The k-th largest entry of ``values`` as a 0-d tensor (k is clamped to [1, n])."""
+    k = max(1, min(int(k), values.numel()))
+    if values.dtype in (torch.float16, torch.bfloat16):
+        values = values.float()
+    return torch.topk(values, k, sorted=False).values.min()

@@ -1,0 +1,81 @@
+"""DGC sparsification (Lin et al., ICLR 2018): a threshold estimated from a sample.
+
+The magnitude threshold is the sample's top-k threshold, from a random sample of
+``sample_fraction`` of the entries. If the full tensor then selects more than
+``(1 + tolerance)·k`` or fewer than ``(1 - tolerance)·k`` entries, the threshold is
+re-estimated (up to ``max_retries`` times); a selection still above k is trimmed to k by
+exact top-k among the selected, and one still below ``(1 - tolerance)·k`` falls back to
+exact top-k. So the count always lies in ``[ceil((1 - tolerance)·k), k]``.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .base import Compressor, SelectContext, exact_topk, kth_largest, sample_magnitudes
+
+
+class DGC(Compressor):
+    """Sampled-threshold sparsifier of Deep Gradient Compression.
+
+    Args:
+        sample_fraction: fraction of entries sampled (DGC uses 1%).
+        tolerance: accepted relative deviation of the count from k (0.3: [0.7k, 1.3k]).
+        max_retries: threshold re-estimations before trimming / falling back.
+        seed: seed of the private sampling generator.
+
+    Example::
+
+        idx = DGC().select(grad.view(-1), k=grad.numel() // 100)
+    """
+
+    name = "dgc"
+
+    def __init__(self, sample_fraction: float = 0.01, tolerance: float = 0.3,
+                 max_retries: int = 3, seed: int = 0):
+        if not 0 < sample_fraction <= 1:
+            raise ValueError(f"dgc: sample_fraction must be in (0, 1], got {sample_fraction}")
+        if not 0 <= tolerance < 1:
+            raise ValueError(f"dgc: tolerance must be in [0, 1), got {tolerance}")
+        if max_retries < 0:
+            raise ValueError(f"dgc: max_retries must be >= 0, got {max_retries}")
+        self.sample_fraction = sample_fraction
+        self.tolerance = tolerance
+        self.max_retries = int(max_retries)
+        self._generator = torch.Generator().manual_seed(seed)
+
+    def count_bounds(self, k: int, n: int) -> tuple[int, int]:
+        k = min(k, n)
+        return min(k, math.ceil((1 - self.tolerance) * k)), k
+
+    def _select(self, x: torch.Tensor, k: int, ctx: SelectContext) -> torch.Tensor:
+        ax = x.abs()
+        n = ax.numel()
+        # Enough samples that the sample's own top-k holds several entries.
+        s = min(n, max(math.ceil(n * self.sample_fraction), math.ceil(8 * n / k)))
+        sample = sample_magnitudes(ax, s, self._generator)
+        rank = math.ceil(k * s / n)
+        low, high = (1 - self.tolerance) * k, (1 + self.tolerance) * k
+        threshold = kth_largest(sample, rank)
+        mask = ax >= threshold
+        count = int(torch.count_nonzero(mask))
+        for _ in range(self.max_retries):
+            if low <= count <= high:
+                break
+            # Correct the sample rank by how far the count missed; when the sample
+            # cannot resolve a finer threshold, scale the threshold itself.
+            new_rank = max(1, min(s, round(rank * k / max(count, 1))))
+            if new_rank != rank:
+                rank = new_rank
+                threshold = kth_largest(sample, rank)
+            else:
+                threshold = threshold * (1.3 if count > high else 0.7)
+            mask = ax >= threshold
+            count = int(torch.count_nonzero(mask))
+        if count < low:
+            return exact_topk(ax, k)
+        selected = mask.nonzero().view(-1)
+        if count > k:
+            selected = selected[exact_topk(ax[selected], k)]
+        return selected

@@ -1,0 +1,69 @@
+"""Random-k: k distinct indices drawn uniformly without replacement.
+
+Values are not rescaled by n/k (the GraVAC paper does not; error feedback carries what
+was not sent). Draws come from a private generator seeded from (seed, step, layer, level)
+and, unless ``same_across_ranks``, the rank; the global RNG is never touched.
+"""
+from __future__ import annotations
+
+import torch
+
+from .base import Compressor, SelectContext
+
+_MASK64 = (1 << 64) - 1
+
+
+def _mix(*values: int) -> int:
+    """Deterministic 63-bit seed from integers (splitmix64 finaliser over a running hash)."""
+    h = 0x9E3779B97F4A7C15
+    for v in values:
+        h = (h ^ (int(v) & _MASK64)) & _MASK64
+        h = (h * 0xBF58476D1CE4E5B9) & _MASK64
+        h ^= h >> 31
+        h = (h * 0x94D049BB133111EB) & _MASK64
+        h ^= h >> 29
+    return h & ((1 << 63) - 1)
+
+
+class RandomK(Compressor):
+    """Uniform random selection of k distinct indices (returned sorted).
+
+    Args:
+        seed: base seed of the draws.
+        same_across_ranks: draw the same indices on every rank for the same
+            (step, layer, level); otherwise the rank is mixed into the seed.
+
+    Example::
+
+        comp = RandomK(seed=1)
+        idx = comp.select(grad.view(-1), 1000, SelectContext(step=5, layer=2))
+    """
+
+    name = "randomk"
+    uses_context = True
+
+    def __init__(self, seed: int = 0, same_across_ranks: bool = True):
+        self.seed = int(seed)
+        self.same_across_ranks = bool(same_across_ranks)
+
+    def __repr__(self) -> str:
+        return f"RandomK(seed={self.seed}, same_across_ranks={self.same_across_ranks})"
+
+    def _select(self, x: torch.Tensor, k: int, ctx: SelectContext) -> torch.Tensor:
+        n = x.numel()
+        rank = 0 if self.same_across_ranks else ctx.rank + 1
+        g = torch.Generator().manual_seed(_mix(self.seed, ctx.step, ctx.layer, ctx.level, rank))
+        if 4 * k >= n:
+            idx = torch.randperm(n, generator=g)[:k].sort().values
+        else:
+            # Draw with replacement and drop duplicates: much cheaper than a permutation of
+            # n. The distinct set is a uniform subset given its size (the draw is exchangeable
+            # over indices), and a uniform k-subset of it is a uniform k-subset of [0, n).
+            idx = torch.unique(torch.randint(0, n, (k + k // 8 + 16,), generator=g))
+            while idx.numel() < k:
+                more = torch.randint(0, n, (2 * (k - idx.numel()) + 16,), generator=g)
+                idx = torch.unique(torch.cat([idx, more]))
+            if idx.numel() > k:
+                keep = torch.randperm(idx.numel(), generator=g)[:k].sort().values
+                idx = idx[keep]
+        return idx.to(x.device)

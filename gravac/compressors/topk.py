@@ -1,0 +1,62 @@
+"""Exact Top-k: the k entries of largest magnitude.
+
+``torch.topk`` over millions of entries is slow on CPU (a partial sort of the whole
+tensor). Instead we estimate a magnitude threshold from a small random sample that keeps
+about twice k candidates, then run the exact top-k over the candidates only. The result is
+still exact: every entry outside the candidates is smaller than the threshold, and the
+threshold is at most the k-th largest magnitude whenever at least k candidates pass it.
+When fewer than k pass (an unlucky sample, heavy ties), we fall back to a full topk.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .base import Compressor, SelectContext, exact_topk, kth_largest, sample_magnitudes
+
+
+class TopK(Compressor):
+    """Exact Top-k by magnitude.
+
+    Args:
+        sample_fraction: fraction of entries sampled to estimate the threshold.
+        min_sample: the sample never has fewer entries than this (capped at n).
+        direct_below: tensors with at most this many entries use ``torch.topk`` directly.
+        seed: seed of the private generator used for sampling (results do not depend
+            on it: only the speed does).
+
+    Example::
+
+        idx = TopK().select(torch.tensor([0.1, -3.0, 2.0, 0.5]), 2)   # {1, 2}
+    """
+
+    name = "topk"
+
+    def __init__(self, sample_fraction: float = 0.01, min_sample: int = 10_000,
+                 direct_below: int = 65_536, seed: int = 0):
+        if not 0 < sample_fraction <= 1:
+            raise ValueError(f"topk: sample_fraction must be in (0, 1], got {sample_fraction}")
+        self.sample_fraction = sample_fraction
+        self.min_sample = int(min_sample)
+        self.direct_below = int(direct_below)
+        self._generator = torch.Generator().manual_seed(seed)
+
+    def _select(self, x: torch.Tensor, k: int, ctx: SelectContext) -> torch.Tensor:
+        ax = x.abs()
+        n = ax.numel()
+        # Small tensors, or k so large that candidates would not be much fewer than n.
+        if n <= self.direct_below or 8 * k >= n:
+            return exact_topk(ax, k)
+        s = min(n, max(self.min_sample, math.ceil(n * self.sample_fraction)))
+        sample = sample_magnitudes(ax, s, self._generator)
+        expected = k * s / n  # sample entries expected above the true k-th largest
+        # Aim at ~2k candidates, with a few standard deviations of slack.
+        rank = math.ceil(2 * expected + 3 * math.sqrt(2 * expected) + 1)
+        threshold = kth_largest(sample, rank)
+        candidates = (ax >= threshold).nonzero().view(-1)
+        if candidates.numel() < k:
+            return exact_topk(ax, k)
+        if candidates.numel() == k:
+            return candidates
+        return candidates[exact_topk(ax[candidates], k)]

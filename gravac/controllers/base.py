@@ -1,0 +1,119 @@
+"""The controller contract: which CF(s) a step uses and what it sends.
+
+A controller makes two kinds of decisions, and both must be identical on every rank:
+
+* per step, ``plan(step)`` gives the CFs to compress at (θmin, an optional candidate θc,
+  optional per-layer CFs), and ``decide(gain_min, gain_c)`` picks what is sent from gains
+  that the optimizer has already agreed across ranks (one small allreduce);
+* per window, ``end_step(record, sync)`` may move the CFs. Such decisions are taken on
+  rank 0 and shared through ``sync.broadcast_object``, never decided by each rank alone.
+
+A controller holds no tensors and does no communication except through ``sync``. Its
+whole state is a small picklable dict (``state_dict``/``load_state_dict``).
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Protocol
+
+import torch
+
+SENT_CANDIDATE, SENT_MIN, SENT_DENSE = "candidate", "min", "dense"
+
+
+class Sync(Protocol):
+    """What a controller may use to agree with other ranks."""
+
+    rank: int
+    size: int
+
+    def broadcast_object(self, obj: Any, name: str) -> Any:
+        """Rank 0's ``obj`` on every rank."""
+
+
+class LocalSync:
+    """A single-process Sync, for unit tests and non-distributed use."""
+
+    rank = 0
+    size = 1
+
+    def broadcast_object(self, obj: Any, name: str) -> Any:
+        return obj
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """The CFs one step compresses at.
+
+    theta_min: first-level CF of every compressed layer (1 = dense).
+    theta_c: candidate CF evaluated by multi-level compression, or None.
+    layer_cf: per-layer first-level CFs overriding theta_min (Accordion), or None.
+    needs_gains: the optimizer must compute and agree on gains for ``decide``.
+    """
+
+    theta_min: float
+    theta_c: float | None = None
+    layer_cf: Mapping[str, float] | None = None
+    needs_gains: bool = False
+
+    def cf_of(self, name: str) -> float:
+        if self.layer_cf is not None and name in self.layer_cf:
+            return self.layer_cf[name]
+        return self.theta_min
+
+
+@dataclass
+class StepRecord:
+    """What the optimizer reports about a finished step (the same on every rank,
+    except timings, which only rank 0's matter)."""
+
+    step: int
+    sent: str
+    cf: float
+    gain: float
+    t_iter: float | None
+    samples: float | None = None
+    extra: dict = field(default_factory=dict)
+
+
+class Controller(ABC):
+    """Base class of CF controllers."""
+
+    #: the optimizer calls ``observe_gradients`` with each compressed layer's local gradient
+    wants_gradients = False
+
+    def bind(self, layer_names: list[str]) -> None:
+        """Called once by the optimizer with the names of the compressed layers."""
+
+    @abstractmethod
+    def plan(self, step: int) -> StepPlan:
+        """The CFs of step ``step``."""
+
+    def decide(self, gain_min: float | None, gain_c: float | None) -> str:
+        """What to send this step: SENT_CANDIDATE, SENT_MIN or SENT_DENSE."""
+        return SENT_MIN
+
+    def observe_gradients(self, grads: Mapping[str, torch.Tensor]) -> None:
+        """Local gradients of the compressed layers (only when ``wants_gradients``)."""
+
+    def on_lr_decay(self) -> None:
+        """The learning rate of some param group went down this step."""
+
+    def end_step(self, record: StepRecord, sync: Sync) -> None:
+        """Called after every step on every rank, in the same order."""
+
+    @property
+    def decisions(self) -> list[dict]:
+        """Window decisions so far (for logging); empty for controllers without windows."""
+        return []
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+    def describe(self) -> dict:
+        """The user-facing hyperparameters (for logs and configuration checks)."""
+        return {"controller": type(self).__name__}

@@ -1,0 +1,110 @@
+"""Error-feedback (residual) memory: what a rank did not send, added to its next gradient.
+
+One residual per parameter name, local to the rank, starting at zero. The memory keeps
+its residual in a buffer of its own and ``compensate`` writes g_ef into that buffer, so
+a step allocates nothing: ``update`` then subtracts what was sent in place.
+
+Example::
+
+    memory = ResidualMemory()
+    g_ef = memory.compensate("fc.weight", grad)          # grad + residual (1-D)
+    idx = compressor.select(g_ef, k)
+    memory.update("fc.weight", g_ef, SparseSent(idx, g_ef[idx]))
+    memory["fc.weight"]                                    # residual, shaped like grad
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+
+class SparseSent(NamedTuple):
+    """What a rank sent of one layer: ``values`` at flat ``indices``."""
+
+    indices: torch.Tensor
+    values: torch.Tensor
+
+
+class ResidualMemory:
+    """Per-parameter residuals with ``compensate``/``update`` and a state dict.
+
+    ``compensate(name, grad)`` returns g_ef = grad + residual as a flat tensor that
+    aliases the memory's buffer: read it (compress, pack, take norms) before calling
+    ``update(name, g_ef, sent)``, which leaves residual = g_ef − sent. ``sent`` is either a
+    dense tensor with g_ef's number of elements, a ``SparseSent``, or ``None`` for "all of
+    g_ef was sent" (dense fallback: the residual becomes zero).
+    """
+
+    def __init__(self):
+        self._buffers: dict[str, torch.Tensor] = {}
+        self._shapes: dict[str, torch.Size] = {}
+
+    def _buffer(self, name: str, grad: torch.Tensor) -> torch.Tensor:
+        buf = self._buffers.get(name)
+        if buf is None:
+            buf = torch.zeros(grad.numel(), dtype=grad.dtype, device=grad.device)
+            self._buffers[name] = buf
+            self._shapes[name] = grad.shape
+        elif buf.numel() != grad.numel():
+            raise ValueError(f"residual of {name!r} has {buf.numel()} elements but the gradient "
+                             f"has {grad.numel()}; parameter shapes must not change during training")
+        return buf
+
+    def compensate(self, name: str, grad: torch.Tensor) -> torch.Tensor:
+        """g_ef = grad + residual, flat, written into (and aliasing) the residual buffer."""
+        buf = self._buffer(name, grad)
+        return buf.add_(grad.reshape(-1).to(buf.dtype))
+
+    def update(self, name: str, g_ef: torch.Tensor, sent) -> None:
+        """residual ← g_ef − sent (see the class docstring for the forms of ``sent``)."""
+        buf = self._buffers.get(name)
+        if buf is None:
+            raise KeyError(f"update({name!r}) before compensate({name!r})")
+        if g_ef.data_ptr() != buf.data_ptr():
+            buf.copy_(g_ef.reshape(-1))
+        if sent is None:
+            buf.zero_()
+        elif isinstance(sent, SparseSent):
+            buf.index_add_(0, sent.indices, sent.values.to(buf.dtype), alpha=-1)
+        else:
+            buf.sub_(sent.reshape(-1).to(buf.dtype))
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self._buffers[name].view(self._shapes[name])
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._buffers
+
+    def __len__(self) -> int:
+        return len(self._buffers)
+
+    def names(self) -> list[str]:
+        return list(self._buffers)
+
+    def reset(self) -> None:
+        """Zero every residual (e.g. after the set of ranks changed)."""
+        for buf in self._buffers.values():
+            buf.zero_()
+
+    def state_dict(self) -> dict:
+        return {"residuals": {name: self[name].detach().clone() for name in self._buffers}}
+
+    def load_state_dict(self, state: dict) -> None:
+        if not isinstance(state, dict) or "residuals" not in state:
+            raise ValueError("not a ResidualMemory state dict: expected a dict with key 'residuals'")
+        for name, value in state["residuals"].items():
+            buf = self._buffers.get(name)
+            if buf is not None and buf.numel() != value.numel():
+                raise ValueError(f"residual {name!r} in the state dict has shape {tuple(value.shape)}, "
+                                 f"but this model's has {tuple(self._shapes[name])}")
+        self._buffers.clear()
+        self._shapes.clear()
+        for name, value in state["residuals"].items():
+            self._buffers[name] = value.detach().clone().reshape(-1)
+            self._shapes[name] = value.shape
+
+    def to(self, device) -> "ResidualMemory":
+        for name, buf in self._buffers.items():
+            self._buffers[name] = buf.to(device)
+        return self
