@@ -119,7 +119,10 @@ if ! horovod_ok; then
     "${PIP[@]}" install -q --force-reinstall --no-deps "$wheel_dir"/horovod-*.whl
 fi
 
-# 5. Check the build: PyTorch and Gloo must be there ---------------------------------------
+# 5. gravac itself, editable, so `import gravac` works from any directory -------------
+"${PIP[@]}" install -q --no-deps --no-build-isolation -e "$repo"
+
+# 6. Check the build: PyTorch and Gloo must be there ---------------------------------------
 check=$("$VENV/bin/horovodrun" --check-build 2>&1) || die "horovodrun --check-build failed: $check"
 echo "$check"
 echo "$check" | grep -qE '\[X\] PyTorch' || die "Horovod was built without PyTorch support"

@@ -269,7 +269,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         kept = sum(int(v.numel()) for v, _ in packed)
         dense_numel = sum(l.numel for l in dense)
         total_numel = sum(l.numel for l in self._layers)
-        if sent == SENT_DENSE:
+        if not selections:
+            sent, cf_sent = SENT_DENSE, 1.0   # nothing went sparse this step
+        elif sent == SENT_DENSE:
             cf_sent = 1.0
         elif sent == SENT_CANDIDATE:
             cf_sent = float(plan.theta_c)

@@ -1,0 +1,32 @@
+# gravac: `make demo` trains, `make test` tests; both install what is missing first.
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.gravac-installed
+NP     ?= 2
+
+.PHONY: install test test-unit test-parallel demo bench clean
+
+# Reinstall when the venv is missing or the pins / installer changed.
+$(STAMP): requirements.txt hvd_scripts/install.sh
+	bash hvd_scripts/install.sh
+	touch $@
+
+install: $(STAMP)
+
+test: $(STAMP)
+	bash tests/run.sh all
+
+test-unit: $(STAMP)
+	bash tests/run.sh unit
+
+test-parallel: $(STAMP)
+	bash tests/run.sh parallel
+
+demo: $(STAMP)
+	$(VENV)/bin/horovodrun -np $(NP) -H localhost:$(NP) --gloo $(PY) examples/quickstart.py
+
+bench: $(STAMP)
+	$(PY) benchmarks/compressors.py
+
+clean:
+	rm -rf $(VENV) .test-results

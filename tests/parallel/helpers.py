@@ -1,0 +1,49 @@
+"""Small models, per-rank data and reference computations shared by parallel tests."""
+import copy
+
+import horovod.torch as hvd
+import torch
+
+
+class Net(torch.nn.Module):
+    """Two compressible layers (>= 1024 elements) and several small dense ones."""
+
+    def __init__(self, d_in=32, hidden=96, d_out=10):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(d_in, hidden)       # 3072 weights: compressed
+        self.fc2 = torch.nn.Linear(hidden, hidden)     # 9216 weights: compressed
+        self.out = torch.nn.Linear(hidden, d_out)      # 960 weights: dense
+        self.norm = torch.nn.LayerNorm(hidden)
+
+    def forward(self, x):
+        h = torch.relu(self.fc1(x))
+        h = self.norm(torch.relu(self.fc2(h)))
+        return self.out(h)
+
+
+def make_net(seed=0):
+    torch.manual_seed(seed)
+    return Net()
+
+
+def rank_batch(step, rank, batch=16, d_in=32, d_out=10):
+    """Different data on every rank and step (inputs, class targets)."""
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    return torch.randn(batch, d_in, generator=g), torch.randint(0, d_out, (batch,), generator=g)
+
+
+def gather_rows(t, name):
+    """Every rank's copy of ``t`` stacked along a new first dimension."""
+    return hvd.allgather(t.detach().reshape(1, -1).clone(), name=name)
+
+
+def clone_model(model):
+    return copy.deepcopy(model)
+
+
+def topk_sent(g_ef, k):
+    """Reference Top-k, independent of gravac: the dense tensor of what a rank sends."""
+    idx = torch.topk(g_ef.abs(), k).indices
+    sent = torch.zeros_like(g_ef)
+    sent[idx] = g_ef[idx]
+    return sent

@@ -1,0 +1,206 @@
+"""The select(x, k) contract of every compressor, and each one's own promise."""
+import math
+
+import pytest
+import torch
+
+from gravac import compressors
+from gravac.compressors import SelectContext, num_kept
+
+NAMES = ["topk", "dgc", "redsync", "randomk", "none"]
+SPARSE = ["topk", "dgc", "redsync", "randomk"]
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+def _check_indices(idx, n):
+    assert idx.dtype == torch.int64 and idx.dim() == 1
+    assert idx.unique().numel() == idx.numel(), "indices must be distinct"
+    if idx.numel():
+        assert int(idx.min()) >= 0 and int(idx.max()) < n
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [1, 7, 1000, 70_000, 300_000])
+@pytest.mark.parametrize("cf", [1, 1.5, 10, 100, 1000])
+def test_contract_and_count_bounds(name, dtype, n, cf):
+    comp = compressors.get(name)
+    x = torch.randn(n, generator=torch.Generator().manual_seed(n)).to(dtype)
+    k = num_kept(n, cf)
+    idx = comp.select(x, k, SelectContext(step=3, layer=1))
+    _check_indices(idx, n)
+    low, high = comp.count_bounds(k, n)
+    assert low <= idx.numel() <= high, (name, n, cf, idx.numel(), (low, high))
+
+
+@pytest.mark.parametrize("n", [1, 5, 1000, 65_536, 65_537, 200_000, 1_000_000])
+@pytest.mark.parametrize("cf", [1, 2, 10, 100, 1000, 10**7])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_topk_is_exact(n, cf, dtype):
+    x = torch.randn(n, generator=torch.Generator().manual_seed(7 + n)).to(dtype)
+    k = num_kept(n, cf)
+    idx = compressors.get("topk").select(x, k)
+    assert idx.numel() == k
+    mags = x.abs().float()
+    # The kept magnitudes are exactly the k largest (ties in low precision may swap which
+    # index is kept, never which magnitude).
+    expected = torch.topk(mags, k).values
+    assert torch.equal(mags[idx].sort(descending=True).values, expected)
+
+
+def test_topk_falls_back_when_sample_misleads():
+    # A few huge values hidden among zeros: any threshold from a small sample is 0 or
+    # too high; the result must still be exact.
+    x = torch.zeros(500_000)
+    hot = torch.randperm(500_000, generator=torch.Generator().manual_seed(0))[:50]
+    x[hot] = torch.arange(1, 51, dtype=torch.float32)
+    idx = compressors.get("topk").select(x, 50)
+    assert set(idx.tolist()) == set(hot.tolist())
+    idx = compressors.get("topk").select(x, 5000)  # more than the nonzeros: zeros fill in
+    assert idx.numel() == 5000 and set(hot.tolist()) <= set(idx.tolist())
+
+
+@pytest.mark.parametrize("name", SPARSE)
+def test_selects_large_entries(name):
+    """Threshold methods keep big entries; all keep something sensible."""
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(200_000, generator=g)
+    k = 2000
+    idx = compressors.get(name).select(x, k)
+    if name == "randomk":
+        return
+    kth = torch.topk(x.abs(), k).values[-1]
+    # DGC and RedSync approximate the threshold: what they keep is from the top ~4k.
+    loose = torch.topk(x.abs(), 4 * k).values[-1]
+    assert float(x.abs()[idx].min()) >= float(loose)
+    assert float(x.abs()[idx].max()) >= float(kth)
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_edge_cases(name, dtype):
+    comp = compressors.get(name)
+    one = torch.tensor([3.0], dtype=dtype)
+    assert comp.select(one, 1).tolist() == [0]
+    x = torch.randn(10).to(dtype)
+    assert sorted(comp.select(x, 10).tolist()) == list(range(10))      # k == n
+    assert sorted(comp.select(x, 1000).tolist()) == list(range(10))    # k > n
+    zeros = torch.zeros(100_000, dtype=dtype)
+    idx = comp.select(zeros, 100)
+    _check_indices(idx, zeros.numel())
+    low, high = comp.count_bounds(100, zeros.numel())
+    assert low <= idx.numel() <= high
+
+
+@pytest.mark.parametrize("name", SPARSE)
+def test_bad_arguments(name):
+    comp = compressors.get(name)
+    with pytest.raises(ValueError, match="k >= 1"):
+        comp.select(torch.randn(10), 0)
+    with pytest.raises(ValueError, match="1-D"):
+        comp.select(torch.randn(3, 3), 2)
+
+
+def test_registry_errors():
+    with pytest.raises(ValueError, match="known compressors: topk, dgc, redsync, randomk, none"):
+        compressors.get("top_k")
+    with pytest.raises(ValueError, match="unknown option.*'ratio'.*allowed"):
+        compressors.get("dgc", ratio=0.1)
+    with pytest.raises(ValueError, match="sample_fraction"):
+        compressors.get("dgc", sample_fraction=0)
+    comp = compressors.get("topk")
+    assert compressors.get(comp) is comp
+
+
+def test_num_kept():
+    assert num_kept(1000, 10) == 100
+    assert num_kept(1001, 10) == 101
+    assert num_kept(5, 1000) == 1
+    assert num_kept(7, 1.5) == 5
+    assert num_kept(10, 1) == 10
+    with pytest.raises(ValueError, match=">= 1"):
+        num_kept(10, 0.5)
+
+
+def test_randomk_private_generator_and_rank_agreement():
+    comp = compressors.get("randomk", seed=5)
+    x = torch.randn(100_000)
+    torch.manual_seed(123)
+    before = torch.get_rng_state()
+    a = comp.select(x, 1000, SelectContext(step=4, layer=2, rank=0))
+    assert torch.equal(torch.get_rng_state(), before), "Random-k touched the global RNG"
+    b = comp.select(x, 1000, SelectContext(step=4, layer=2, rank=1))
+    assert torch.equal(a, b), "same_across_ranks draws the same indices on every rank"
+    c = comp.select(x, 1000, SelectContext(step=5, layer=2, rank=0))
+    assert not torch.equal(a, c), "a new step draws new indices"
+    per_rank = compressors.get("randomk", seed=5, same_across_ranks=False)
+    d0 = per_rank.select(x, 1000, SelectContext(step=4, layer=2, rank=0))
+    d1 = per_rank.select(x, 1000, SelectContext(step=4, layer=2, rank=1))
+    assert not torch.equal(d0, d1)
+    assert torch.equal(d0, per_rank.select(x, 1000, SelectContext(step=4, layer=2, rank=0)))
+
+
+def test_randomk_is_uniform():
+    """Each index is kept with probability k/n: chi-square over many draws."""
+    comp = compressors.get("randomk")
+    n, k, draws = 200, 20, 2000
+    counts = torch.zeros(n)
+    x = torch.zeros(n)
+    for step in range(draws):
+        counts[comp.select(x, k, SelectContext(step=step))] += 1
+    expected = draws * k / n
+    chi2 = float(((counts - expected) ** 2 / expected).sum())
+    # 199 degrees of freedom: mean 199, sd ~20; 300 is > 5 sd out.
+    assert chi2 < 300, chi2
+    # the large-n path (draw with replacement, deduplicate) too
+    n, k = 100_000, 500
+    hits = torch.zeros(10)
+    for step in range(200):
+        idx = comp.select(torch.zeros(n), k, SelectContext(step=step))
+        assert idx.numel() == k
+        hits += torch.bincount(idx * 10 // n, minlength=10)
+    share = hits / hits.sum()
+    assert float((share - 0.1).abs().max()) < 0.01
+
+
+def test_dgc_and_redsync_bounds_are_documented():
+    dgc, red = compressors.get("dgc"), compressors.get("redsync")
+    assert dgc.count_bounds(1000, 10**6) == (700, 1000)
+    assert red.count_bounds(1000, 10**6) == (500, 2000)
+
+
+@pytest.mark.parametrize("name", ["dgc", "redsync"])
+@pytest.mark.parametrize("dist", ["normal", "laplace", "heavy", "ties"])
+def test_threshold_methods_on_skewed_data(name, dist):
+    g = torch.Generator().manual_seed(3)
+    n = 400_000
+    if dist == "normal":
+        x = torch.randn(n, generator=g)
+    elif dist == "laplace":
+        x = torch.empty(n).exponential_(generator=g) * torch.sign(torch.randn(n, generator=g))
+    elif dist == "heavy":
+        x = torch.randn(n, generator=g) ** 5
+    else:
+        x = torch.randint(-3, 4, (n,), generator=g).float()
+    comp = compressors.get(name)
+    for cf in (10, 100, 1000):
+        k = num_kept(n, cf)
+        idx = comp.select(x, k)
+        _check_indices(idx, n)
+        low, high = comp.count_bounds(k, n)
+        assert low <= idx.numel() <= high, (dist, cf, idx.numel())
+
+
+def test_multilevel_topk_equals_direct_topk():
+    """Second level over the kept values gives exactly direct Top-k at the candidate CF."""
+    comp = compressors.get("topk")
+    g = torch.Generator().manual_seed(11)
+    for n in [1, 3, 10, 999, 1024, 4097, 70_000, 250_000]:
+        x = torch.randn(n, generator=g)
+        for theta_min, theta_c in [(10, 20), (10, 1000), (1.5, 1000), (10, 10**6)]:
+            idx_min = comp.select(x, num_kept(n, theta_min))
+            sub = comp.select(x[idx_min], num_kept(n, theta_c))
+            two_level = idx_min[sub]
+            direct = comp.select(x, num_kept(n, theta_c))
+            assert set(two_level.tolist()) == set(direct.tolist()), (n, theta_min, theta_c)
+            assert math.ceil(n / theta_c) <= 1 or two_level.numel() == math.ceil(n / theta_c)

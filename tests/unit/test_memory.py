@@ -1,0 +1,57 @@
+"""Residual memory: residual = g_ef − sent, in place, with a state dict."""
+import pytest
+import torch
+
+from gravac.memory import ResidualMemory, SparseSent
+
+
+def test_error_feedback_sparse_dense_and_none():
+    mem = ResidualMemory()
+    g1 = torch.tensor([[1.0, -2.0], [3.0, 0.5]])
+    g_ef = mem.compensate("w", g1)
+    assert torch.equal(g_ef, g1.view(-1))  # residual starts at zero
+    idx = torch.tensor([2])
+    mem.update("w", g_ef, SparseSent(idx, g_ef[idx]))
+    assert torch.equal(mem["w"], torch.tensor([[1.0, -2.0], [0.0, 0.5]]))
+    assert mem["w"].shape == g1.shape
+
+    g2 = torch.ones(2, 2)
+    g_ef = mem.compensate("w", g2)
+    assert torch.equal(g_ef, torch.tensor([2.0, -1.0, 1.0, 1.5]))
+    sent = torch.tensor([2.0, 0.0, 0.0, 1.5])
+    mem.update("w", g_ef, sent)                      # dense equivalent of what was sent
+    assert torch.equal(mem["w"].view(-1), torch.tensor([0.0, -1.0, 1.0, 0.0]))
+
+    g_ef = mem.compensate("w", g2)
+    mem.update("w", g_ef, None)                      # everything sent (dense fallback)
+    assert torch.equal(mem["w"], torch.zeros(2, 2))
+
+
+def test_update_with_external_g_ef_and_errors():
+    mem = ResidualMemory()
+    with pytest.raises(KeyError, match="before compensate"):
+        mem.update("a", torch.zeros(3), None)
+    mem.compensate("a", torch.zeros(3))
+    mem.update("a", torch.tensor([1.0, 2.0, 3.0]), torch.tensor([1.0, 0.0, 0.0]))
+    assert torch.equal(mem["a"], torch.tensor([0.0, 2.0, 3.0]))
+    with pytest.raises(ValueError, match="shapes must not change"):
+        mem.compensate("a", torch.zeros(4))
+
+
+def test_state_dict_roundtrip_and_validation():
+    mem = ResidualMemory()
+    g_ef = mem.compensate("a", torch.arange(6.0).view(2, 3))
+    mem.update("a", g_ef, SparseSent(torch.tensor([5]), g_ef[torch.tensor([5])]))
+    state = mem.state_dict()
+    other = ResidualMemory()
+    other.load_state_dict(state)
+    assert torch.equal(other["a"], mem["a"]) and other["a"].shape == (2, 3)
+    state["residuals"]["a"].add_(1)  # the state dict is a copy, not a view
+    assert torch.equal(other["a"], mem["a"])
+    with pytest.raises(ValueError, match="residuals"):
+        other.load_state_dict({"a": torch.zeros(1)})
+    bad = {"residuals": {"a": torch.zeros(7)}}
+    with pytest.raises(ValueError, match="shape"):
+        mem.load_state_dict(bad)
+    mem.reset()
+    assert float(mem["a"].abs().sum()) == 0.0

@@ -1,0 +1,155 @@
+"""gravac.DistributedOptimizer in one process (Horovod size 1): exactness, stats, errors."""
+import io
+
+import horovod.torch as hvd
+import pytest
+import torch
+
+import gravac
+from gravac.controllers import Static
+
+hvd.init()
+
+
+def _model(seed=0):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
+
+
+def _backward(model, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(16, 64, generator=g)
+    model(x).pow(2).mean().backward()
+
+
+def test_single_rank_update_is_own_topk_with_error_feedback():
+    model = _model()
+    opt = gravac.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                      model.named_parameters(), controller=Static(cf=10))
+    assert isinstance(opt, torch.optim.SGD)
+    residual = torch.zeros(64 * 64)
+    for step in range(4):
+        opt.zero_grad()
+        _backward(model, step)
+        g_ef = model[0].weight.grad.view(-1) + residual
+        before = model[0].weight.detach().clone()
+        bias_grad = model[0].bias.grad.clone()
+        opt.step()
+        idx = torch.topk(g_ef.abs(), 410).indices
+        sent = torch.zeros_like(g_ef)
+        sent[idx] = g_ef[idx]
+        residual = g_ef - sent
+        assert torch.equal(model[0].weight.grad.view(-1), sent)
+        assert torch.allclose(model[0].weight, before - 0.1 * sent.view(64, 64))
+        assert torch.equal(opt.memory["0.weight"].view(-1), residual)
+        assert torch.equal(model[0].bias.grad, bias_grad)            # small: sent dense
+        assert "0.bias" not in opt.memory
+        stats = opt.last_stats
+        assert stats["cf"] == 10 and stats["sent"] == "min" and stats["step"] == step
+        # 410 values + 410 indices for the 4096-element layer; the rest dense.
+        assert stats["floats_sent"] == 2 * 410 + 64 + 640 + 10
+        assert stats["dense_floats"] == 4096 + 64 + 640 + 10
+        for key in ("t_compress", "t_comm", "t_update"):
+            assert stats[key] >= 0
+
+
+def test_cf_one_and_none_compressor_send_everything_dense():
+    for kwargs in ({"controller": Static(cf=1)}, {"compressor": "none"}):
+        model = _model()
+        opt = gravac.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                          model.named_parameters(), **kwargs)
+        _backward(model, 0)
+        grads = [p.grad.clone() for p in model.parameters()]
+        opt.step()
+        assert all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), grads))
+        assert opt.last_stats["cf"] == 1 and opt.last_stats["floats_sent"] == opt.last_stats["dense_floats"]
+
+
+def test_state_dict_carries_memory_controller_and_step():
+    model = _model()
+    opt = gravac.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                                      model.named_parameters(), controller=Static(cf=100))
+    for step in range(3):
+        opt.zero_grad()
+        _backward(model, step)
+        opt.step()
+    buffer = io.BytesIO()
+    torch.save(opt.state_dict(), buffer)     # as a checkpoint would (state_dict() aliases)
+    buffer.seek(0)
+    state = torch.load(buffer, map_location="cpu")
+    model2 = _model()
+    model2.load_state_dict(model.state_dict())
+    opt2 = gravac.DistributedOptimizer(torch.optim.SGD(model2.parameters(), lr=0.1, momentum=0.9),
+                                       model2.named_parameters(), controller=Static(cf=100))
+    opt2.load_state_dict(state)
+    assert torch.equal(opt2.memory["0.weight"], opt.memory["0.weight"])
+    for m, o in ((model, opt), (model2, opt2)):
+        o.zero_grad()
+        _backward(m, 99)
+        o.step()
+    for p, q in zip(model.parameters(), model2.parameters()):
+        assert torch.equal(p, q)
+    assert opt2.last_stats["step"] == 3
+
+
+def test_missing_gradient_is_sent_as_zero_and_frozen_is_skipped():
+    model = _model()
+    model[2].weight.requires_grad_(False)
+    opt = gravac.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                      model.named_parameters(), controller=Static(cf=10))
+    assert "2.weight" not in opt.layer_names
+    model[0].weight.sum().backward()   # only layer 0's weight gets a gradient
+    opt.step()
+    assert torch.equal(model[2].bias.grad, torch.zeros(10))
+
+
+def test_skip_synchronize_after_manual_synchronize():
+    model = _model()
+    opt = gravac.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                      model.named_parameters(), controller=Static(cf=10))
+    _backward(model, 0)
+    opt.synchronize()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 0.01)
+    clipped = model[0].weight.grad.clone()
+    with opt.skip_synchronize():
+        opt.step()
+    assert torch.equal(model[0].weight.grad, clipped)   # not communicated a second time
+
+
+# -- bad input: each a ValueError saying what to fix -----------------------------------
+def _opt(model=None, **kwargs):
+    model = model or _model()
+    named = kwargs.pop("named", model.named_parameters())
+    return gravac.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named, **kwargs)
+
+
+def test_errors_unknown_compressor_and_bad_cf():
+    with pytest.raises(ValueError, match="unknown compressor 'topkk'; known compressors: topk"):
+        _opt(compressor="topkk")
+    with pytest.raises(ValueError, match=r"cf must be a number >= 1"):
+        _opt(controller=Static(cf=0.5))
+    with pytest.raises(ValueError, match=r"cf must be a number >= 1"):
+        _opt(controller=0)
+    with pytest.raises(ValueError, match="controller must be"):
+        _opt(controller="fast")
+    with pytest.raises(ValueError, match="min_compress_numel"):
+        _opt(min_compress_numel=0)
+    with pytest.raises(ValueError, match="unknown option"):
+        _opt(compressor="topk", compressor_options={"k": 3})
+
+
+def test_errors_parameter_names():
+    model = _model()
+    named = list(model.named_parameters())
+    with pytest.raises(ValueError, match="unique; duplicated: w"):
+        _opt(model, named=[("w", p) for _, p in named])
+    with pytest.raises(ValueError, match="have no name in named_parameters"):
+        _opt(model, named=named[:2])
+    with pytest.raises(ValueError, match="non-empty string name, got None"):
+        _opt(model, named=[(None, named[0][1])] + named[1:])
+    with pytest.raises(ValueError, match="non-empty string name, got ''"):
+        _opt(model, named=[("", named[0][1])] + named[1:])
+    with pytest.raises(ValueError, match=r"\(name, parameter\) tuples"):
+        _opt(model, named=[p for _, p in named])
+    with pytest.raises(ValueError, match="named_parameters is required"):
+        _opt(model, named=None)
