@@ -1,0 +1,1 @@
+"""Training support: models, data loading and sharding (pure PyTorch, no torchvision)."""

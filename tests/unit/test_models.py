@@ -1,0 +1,150 @@
+"""Shapes, parameter counts and the registry of gravac.train.models (tiny inputs, 1 thread)."""
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from gravac.train.models import (MODEL_NAMES, LSTMLanguageModel, ResNet, SmallCNN, VGG,
+                                 build_model, detach_hidden, resnet18, resnet50, resnet101, vgg16)
+
+
+def num_params(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def test_resnet18_forward_backward_shapes():
+    torch.manual_seed(0)
+    model = resnet18(num_classes=10)
+    x = torch.randn(2, 3, 32, 32)
+    out = model(x)
+    assert out.shape == (2, 10)
+    F.cross_entropy(out, torch.tensor([1, 7])).backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None and p.grad.shape == p.shape, name
+    assert 11.0e6 < num_params(model) < 11.4e6
+
+
+def test_resnet_in_channels_and_eval_mode():
+    model = resnet18(num_classes=3, in_channels=1).eval()
+    with torch.no_grad():
+        assert model(torch.randn(1, 1, 32, 32)).shape == (1, 3)
+
+
+@pytest.mark.parametrize("factory, lo, hi", [(resnet50, 23.0e6, 24.0e6),
+                                             (resnet101, 42.0e6, 43.0e6)])
+def test_bottleneck_resnet_parameter_counts(factory, lo, hi):
+    model = factory(num_classes=10)
+    assert isinstance(model, ResNet)
+    assert lo < num_params(model) < hi
+
+
+def test_vgg16_parameter_counts_and_classifier_width():
+    bn = vgg16(num_classes=100)
+    assert 14.8e6 < num_params(bn) < 15.8e6
+    assert any(isinstance(m, nn.BatchNorm2d) for m in bn.modules())
+    plain = vgg16(num_classes=100, batch_norm=False)
+    assert not any(isinstance(m, nn.BatchNorm2d) for m in plain.modules())
+    assert sum(isinstance(m, nn.Conv2d) for m in plain.modules()) == 13
+    wide = vgg16(num_classes=100, classifier_width=1024)
+    extra = (512 * 1024 + 1024 * 1024 + 1024 * 100 + 1024 + 1024) - \
+            (512 * 512 + 512 * 512 + 512 * 100 + 512 + 512)
+    assert num_params(wide) - num_params(bn) == extra
+
+
+def test_vgg16_forward_shape_on_tiny_batch():
+    model = vgg16(num_classes=100, classifier_width=32)
+    out = model(torch.randn(2, 3, 32, 32))
+    assert out.shape == (2, 100)
+    out.sum().backward()
+    assert model.features[0].weight.grad is not None
+
+
+def test_lstm_forward_backward_shapes():
+    torch.manual_seed(0)
+    vocab, seq, batch = 50, 5, 3
+    model = LSTMLanguageModel(vocab, embedding_dim=16, hidden_dim=16, num_layers=2, dropout=0.2)
+    hidden = model.init_hidden(batch)
+    assert [h.shape for h in hidden] == [(2, batch, 16), (2, batch, 16)]
+    tokens = torch.randint(0, vocab, (seq, batch))
+    logits, hidden = model(tokens, hidden)
+    assert logits.shape == (seq * batch, vocab)
+    assert [h.shape for h in hidden] == [(2, batch, 16), (2, batch, 16)]
+    F.cross_entropy(logits, torch.randint(0, vocab, (seq * batch,))).backward()
+    assert model.encoder.weight.grad is not None
+    detached = detach_hidden(hidden)
+    assert all(not h.requires_grad for h in detached)
+
+
+def test_lstm_weight_tying():
+    tied = LSTMLanguageModel(40, embedding_dim=8, hidden_dim=8)
+    assert tied.decoder.weight is tied.encoder.weight
+    untied = LSTMLanguageModel(40, embedding_dim=8, hidden_dim=12, tie_weights=False)
+    assert untied.decoder.weight is not untied.encoder.weight
+    assert untied(torch.zeros(4, 2, dtype=torch.long))[0].shape == (8, 40)
+
+
+def test_lstm_tying_with_different_sizes_names_both():
+    with pytest.raises(ValueError, match="embedding_dim=8.*hidden_dim=12"):
+        LSTMLanguageModel(40, embedding_dim=8, hidden_dim=12, tie_weights=True)
+
+
+def test_lstm_default_is_large_ptb_model():
+    model = LSTMLanguageModel(100)
+    assert model.encoder.embedding_dim == 1500 and model.hidden_dim == 1500
+    assert model.num_layers == 2 and model.drop.p == 0.65
+
+
+def test_small_cnn_shapes_and_size():
+    model = SmallCNN()
+    out = model(torch.rand(4, 1, 8, 8))
+    assert out.shape == (4, 10)
+    out.sum().backward()
+    assert num_params(model) < 100_000
+    assert sum(p.numel() >= 1024 for p in model.parameters()) >= 2
+
+
+def test_small_cnn_learns_digits_quickly():
+    from gravac.train.data import load_digits_dataset
+
+    torch.manual_seed(0)
+    x, y = load_digits_dataset(train=True)
+    model = SmallCNN()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    first = None
+    for step in range(40):
+        idx = torch.arange(step * 32, step * 32 + 32) % len(y)
+        loss = F.cross_entropy(model(x[idx]), y[idx])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        first = loss.item() if first is None else first
+    assert loss.item() < 0.5 * first
+
+
+@pytest.mark.parametrize("name, kwargs, cls", [
+    ("resnet18", {"num_classes": 5}, ResNet),
+    ("vgg16", {"num_classes": 10, "batch_norm": False, "classifier_width": 16}, VGG),
+    ("lstm", {"vocab_size": 30, "embedding_dim": 8, "hidden_dim": 8}, LSTMLanguageModel),
+    ("small_cnn", {}, SmallCNN),
+])
+def test_build_model(name, kwargs, cls):
+    assert isinstance(build_model(name, **kwargs), cls)
+
+
+def test_build_model_knows_the_names():
+    assert set(MODEL_NAMES) == {"resnet18", "resnet50", "resnet101", "vgg16", "lstm", "small_cnn"}
+
+
+def test_build_model_unknown_name_lists_known():
+    with pytest.raises(ValueError, match="unknown model 'alexnet'.*resnet18.*small_cnn"):
+        build_model("alexnet")
+
+
+def test_build_model_unknown_kwarg_names_it_and_allowed():
+    with pytest.raises(ValueError, match="'depth'.*allowed: num_classes, in_channels"):
+        build_model("resnet18", depth=18)
+
+
+def test_build_model_missing_required_kwarg():
+    with pytest.raises(ValueError, match="vocab_size"):
+        build_model("lstm")
