@@ -50,7 +50,7 @@ class DGC(Compressor):
         return min(k, math.ceil((1 - self.tolerance) * k)), k
 
     def _select(self, x: torch.Tensor, k: int, ctx: SelectContext) -> torch.Tensor:
-        ax = x.abs()
+        ax = self._magnitudes(x)
         n = ax.numel()
         # Enough samples that the sample's own top-k holds several entries.
         s = min(n, max(math.ceil(n * self.sample_fraction), math.ceil(8 * n / k)))
@@ -58,7 +58,7 @@ class DGC(Compressor):
         rank = math.ceil(k * s / n)
         low, high = (1 - self.tolerance) * k, (1 + self.tolerance) * k
         threshold = kth_largest(sample, rank)
-        mask = ax >= threshold
+        mask = self._at_least(ax, threshold)
         count = int(torch.count_nonzero(mask))
         for _ in range(self.max_retries):
             if low <= count <= high:
@@ -71,7 +71,7 @@ class DGC(Compressor):
                 threshold = kth_largest(sample, rank)
             else:
                 threshold = threshold * (1.3 if count > high else 0.7)
-            mask = ax >= threshold
+            mask = self._at_least(ax, threshold)
             count = int(torch.count_nonzero(mask))
         if count < low:
             return exact_topk(ax, k)

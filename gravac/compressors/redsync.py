@@ -54,7 +54,7 @@ class RedSync(Compressor):
         r, count = lo, None
         for _ in range(max_iters):
             r = (lo + hi) / 2
-            count = int(torch.count_nonzero(ax >= mean + r * spread))
+            count = int(torch.count_nonzero(self._at_least(ax, mean + r * spread)))
             if count > high:
                 lo = r
             elif count < low:
@@ -66,9 +66,9 @@ class RedSync(Compressor):
         return r, lo, hi, count
 
     def _select(self, x: torch.Tensor, k: int, ctx: SelectContext) -> torch.Tensor:
-        ax = x.abs()
-        if ax.dtype in (torch.float16, torch.bfloat16):
-            ax = ax.float()  # the threshold arithmetic needs more than 8-11 bits
+        # fp16/bf16: the threshold arithmetic needs more than 8-11 bits
+        wide = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
+        ax = self._magnitudes(x, wide)
         n = ax.numel()
         low, high = math.ceil(k / 2), 2 * k
         mean = float(ax.mean())
@@ -81,14 +81,14 @@ class RedSync(Compressor):
             # Aim the sample at the middle of the band (in log terms, at k).
             r, _, _, _ = self._search(sample, mean, spread, max(1.0, 0.7 * k * scale),
                                       1.4 * k * scale, lo, hi, 40)
-            count = int(torch.count_nonzero(ax >= mean + r * spread))
+            count = int(torch.count_nonzero(self._at_least(ax, mean + r * spread)))
             if count > high:
                 lo = r
             elif count < low:
                 hi = r
             else:
-                return (ax >= mean + r * spread).nonzero().view(-1)
+                return self._at_least(ax, mean + r * spread).nonzero().view(-1)
         r, lo, hi, count = self._search(ax, mean, spread, low, high, lo, hi, self.max_iters)
         if low <= count <= high:
-            return (ax >= mean + r * spread).nonzero().view(-1)
+            return self._at_least(ax, mean + r * spread).nonzero().view(-1)
         return exact_topk(ax, k)

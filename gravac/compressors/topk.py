@@ -2,10 +2,10 @@
 
 ``torch.topk`` over millions of entries is slow on CPU (a partial sort of the whole
 tensor). Instead we estimate a magnitude threshold from a small random sample that keeps
-about twice k candidates, then run the exact top-k over the candidates only. The result is
-still exact: every entry outside the candidates is smaller than the threshold, and the
-threshold is at most the k-th largest magnitude whenever at least k candidates pass it.
-When fewer than k pass (an unlucky sample, heavy ties), we fall back to a full topk.
+slightly more than k candidates, then run the exact top-k over the candidates only. The
+result is still exact: every entry outside the candidates is smaller than the threshold,
+and the threshold is at most the k-th largest magnitude whenever at least k candidates
+pass it. When fewer than k pass (an unlucky sample, heavy ties), we fall back to a full topk.
 """
 from __future__ import annotations
 
@@ -43,18 +43,21 @@ class TopK(Compressor):
         self._generator = torch.Generator().manual_seed(seed)
 
     def _select(self, x: torch.Tensor, k: int, ctx: SelectContext) -> torch.Tensor:
-        ax = x.abs()
+        ax = self._magnitudes(x)
         n = ax.numel()
         # Small tensors, or k so large that candidates would not be much fewer than n.
         if n <= self.direct_below or 8 * k >= n:
             return exact_topk(ax, k)
         s = min(n, max(self.min_sample, math.ceil(n * self.sample_fraction)))
         sample = sample_magnitudes(ax, s, self._generator)
-        expected = k * s / n  # sample entries expected above the true k-th largest
-        # Aim at ~2k candidates, with a few standard deviations of slack.
-        rank = math.ceil(2 * expected + 3 * math.sqrt(2 * expected) + 1)
+        # The number of sample entries at or above the true k-th largest magnitude is
+        # Binomial(s, k/n). Taking the threshold at that mean plus 4 standard deviations
+        # (+2) leaves at least k candidates except with probability ~3e-5 (then the
+        # fallback below keeps the result exact) while keeping the candidates near k.
+        expected = k * s / n
+        rank = math.ceil(expected + 4 * math.sqrt(expected) + 2)
         threshold = kth_largest(sample, rank)
-        candidates = (ax >= threshold).nonzero().view(-1)
+        candidates = self._at_least(ax, threshold).nonzero().view(-1)
         if candidates.numel() < k:
             return exact_topk(ax, k)
         if candidates.numel() == k:

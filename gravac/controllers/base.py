@@ -83,8 +83,8 @@ class Controller(ABC):
     #: the optimizer calls ``observe_gradients`` with each compressed layer's local gradient
     wants_gradients = False
 
-    def bind(self, layer_names: list[str]) -> None:
-        """Called once by the optimizer with the names of the compressed layers."""
+    def bind(self, layer_names: list[str], sync: Sync) -> None:
+        """Called once by the optimizer with the compressed layers' names and its Sync."""
 
     @abstractmethod
     def plan(self, step: int) -> StepPlan:

@@ -107,7 +107,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                      compressor)
         self._sync = HorovodSync(process_set)
         self.memory = ResidualMemory()
-        self.controller.bind([l.name for l in self._layers if l.compressible])
+        self.controller.bind([l.name for l in self._layers if l.compressible], self._sync)
         self.last_stats: dict = {}
         self._gravac_step = 0
         self._last_step_end: float | None = None
@@ -188,6 +188,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         t0 = time.perf_counter()
         step = self._gravac_step
         t_compute = None if self._last_step_end is None else t0 - self._last_step_end
+        # A learning-rate decay (seen in the param groups, which every rank shares) must
+        # reach the controller before it plans the step that uses the new rate.
+        lrs = self._current_lrs()
+        if any(new < old for new, old in zip(lrs, self._lrs)):
+            self.controller.on_lr_decay()
+        self._lrs = lrs
         plan = self.controller.plan(step)
 
         for layer in self._layers:
@@ -317,10 +323,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         stats["t_iter"] = None if self._last_step_end is None else t1 - self._last_step_end
         self._last_step_end = t1
 
-        lrs = self._current_lrs()
-        if any(new < old for new, old in zip(lrs, self._lrs)):
-            self.controller.on_lr_decay()
-        self._lrs = lrs
         samples = (self.batch_size or 1) * self._sync.size
         gain = {SENT_CANDIDATE: stats["gain_c"], SENT_MIN: stats["gain_min"]}.get(stats["sent"], 1.0)
         self.controller.end_step(

@@ -1,0 +1,171 @@
+"""Multi-level vs direct compression, and the GraVAC step overhead.
+
+Part 1, per compressor and model (parameter shapes of ResNet-101/CIFAR-10, VGG-16/CIFAR-100
+and the 2-layer LSTM language model, built from gravac.train.models; no training): time of
+
+  direct:      compress every compressible layer to θmin AND, separately, to θc from the
+               full gradient (two passes over n elements per layer);
+  multi-level: compress to θmin, then θmin -> θc over the k_min kept values;
+
+with θmin = 10 and θc = 1000, and print direct / multi-level (the paper reports 1.1x to
+1.83x; target >= 1.5x). "Compress" is select + gathering the values.
+
+Part 2: the GraVAC compression phase as the optimizer runs it (both levels, the squared
+norms, the gain allreduce) divided by a static single-level compression at θmin, measured
+through the optimizer's own code path (Horovod with one rank). Target <= 1.3x.
+
+    .venv/bin/python benchmarks/multilevel.py [--models resnet101 vgg16 lstm] [--repeats 3]
+
+Ratios are measured within one run, on one CPU thread, median of ``--repeats``.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from gravac import compressors
+from gravac.compressors import SelectContext, num_kept
+from gravac.train.models import build_model
+
+MODELS = {
+    "resnet101": dict(name="resnet101", num_classes=10),
+    "vgg16": dict(name="vgg16", num_classes=100),
+    "lstm": dict(name="lstm", vocab_size=10_000),
+}
+
+
+def layer_gradients(model_key: str, min_numel: int, seed: int = 0) -> list[torch.Tensor]:
+    """Random stand-in gradients, flat, one per compressible parameter of the model."""
+    kwargs = dict(MODELS[model_key])
+    model = build_model(kwargs.pop("name"), **kwargs)
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(p.numel(), generator=g) for p in model.parameters()
+            if p.numel() >= min_numel]
+
+
+def timed(fn, repeats: int) -> float:
+    fn()
+    samples = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t0)
+    return statistics.median(samples)
+
+
+def direct(comp, grads, theta_min, theta_c):
+    for i, g in enumerate(grads):
+        idx = comp.select(g, num_kept(g.numel(), theta_min), SelectContext(layer=i))
+        g[idx]
+        idx = comp.select(g, num_kept(g.numel(), theta_c), SelectContext(layer=i, level=1))
+        g[idx]
+
+
+def multilevel(comp, grads, theta_min, theta_c):
+    for i, g in enumerate(grads):
+        idx = comp.select(g, num_kept(g.numel(), theta_min), SelectContext(layer=i))
+        vals = g[idx]
+        sub = comp.select(vals, num_kept(g.numel(), theta_c), SelectContext(layer=i, level=1))
+        idx[sub], vals[sub]
+
+
+def single(comp, grads, theta_min):
+    for i, g in enumerate(grads):
+        idx = comp.select(g, num_kept(g.numel(), theta_min), SelectContext(layer=i))
+        g[idx]
+
+
+def part1(models, names, theta_min, theta_c, repeats, min_numel):
+    rows = []
+    for model_key in models:
+        grads = layer_gradients(model_key, min_numel)
+        numel = sum(g.numel() for g in grads)
+        for name in names:
+            comp = compressors.get(name)
+            t_direct = timed(lambda: direct(comp, grads, theta_min, theta_c), repeats)
+            t_multi = timed(lambda: multilevel(comp, grads, theta_min, theta_c), repeats)
+            t_single = timed(lambda: single(comp, grads, theta_min), repeats)
+            rows.append((model_key, numel, len(grads), name, t_direct, t_multi, t_single))
+    return rows
+
+
+def part2(models, names, theta_min, theta_c, repeats, min_numel):
+    """GraVAC's phase through the optimizer's own _select/_agree_gains (Horovod, 1 rank)."""
+    import horovod.torch as hvd
+
+    import gravac
+    from gravac.controllers import Static
+
+    hvd.init()
+    rows = []
+    for model_key in models:
+        kwargs = dict(MODELS[model_key])
+        model = build_model(kwargs.pop("name"), **kwargs)
+        g = torch.Generator().manual_seed(1)
+        for p in model.parameters():
+            p.grad = torch.randn(p.shape, generator=g)
+        for name in names:
+            opt = gravac.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                              model.named_parameters(), compressor=name,
+                                              controller=Static(theta_min),
+                                              min_compress_numel=min_numel)
+            layers = [l for l in opt._layers if l.compressible]
+            g_efs = [opt.memory.compensate(l.name, l.param.grad) for l in layers]
+
+            def static_phase():
+                for layer, g_ef in zip(layers, g_efs):
+                    opt._select(layer, g_ef, theta_min, None, 0)
+
+            def gravac_phase():
+                sels = [opt._select(layer, g_ef, theta_min, theta_c, 0)
+                        for layer, g_ef in zip(layers, g_efs)]
+                opt._agree_gains(sels, 0)
+
+            t_static = timed(static_phase, repeats)
+            t_gravac = timed(gravac_phase, repeats)
+            rows.append((model_key, name, t_static, t_gravac))
+    return rows
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument("--compressors", nargs="+", default=["topk", "dgc", "redsync", "randomk"])
+    parser.add_argument("--theta-min", type=float, default=10)
+    parser.add_argument("--theta-c", type=float, default=1000)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--min-compress-numel", type=int, default=1024)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--skip-overhead", action="store_true", help="only part 1")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+
+    print(f"torch {torch.__version__}, {args.threads} thread(s), median of {args.repeats}; "
+          f"θmin={args.theta_min:g}, θc={args.theta_c:g}\n")
+    print("Multi-level vs direct compression (target: direct / multi-level >= 1.5x)\n")
+    print("| model | compressed elements (layers) | compressor | direct (ms) | multi-level (ms) "
+          "| θmin only (ms) | direct / multi-level |")
+    print("|---|---:|---|---:|---:|---:|---:|")
+    for model_key, numel, n_layers, name, t_d, t_m, t_s in part1(
+            args.models, args.compressors, args.theta_min, args.theta_c, args.repeats,
+            args.min_compress_numel):
+        print(f"| {model_key} | {numel:,} ({n_layers}) | {name} | {t_d * 1e3:.0f} | "
+              f"{t_m * 1e3:.0f} | {t_s * 1e3:.0f} | {t_d / t_m:.2f}x |")
+    if args.skip_overhead:
+        return
+    print("\nGraVAC compression phase vs static single-level at θmin (target <= 1.3x)\n")
+    print("| model | compressor | static θmin (ms) | GraVAC: 2 levels + norms + allreduce (ms) "
+          "| ratio |")
+    print("|---|---|---:|---:|---:|")
+    for model_key, name, t_static, t_gravac in part2(
+            args.models, args.compressors, args.theta_min, args.theta_c, args.repeats,
+            args.min_compress_numel):
+        print(f"| {model_key} | {name} | {t_static * 1e3:.0f} | {t_gravac * 1e3:.0f} | "
+              f"{t_gravac / t_static:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,156 @@
+"""Accordion (Agarwal et al., MLSys 2021) as a baseline controller.
+
+Each compressed layer switches between a low CF (critical regime: compress little) and a
+high CF. Rank 0 accumulates its local gradient of every compressed layer over an
+interval (one epoch, or ``interval_steps`` steps); every ``switch_freq`` intervals it
+compares each layer's accumulated-gradient norm with the one ``switch_freq`` intervals
+earlier: ``|‖old‖ − ‖new‖| / ‖old‖ ≥ η`` is critical (low CF), otherwise high CF. The
+first intervals, until the first comparison, are critical. Decisions are broadcast from
+rank 0 at every interval end, so every rank uses rank 0's per-layer CFs.
+
+When the learning rate of any param group goes down, every layer goes to the low CF
+until the next comparison. The optimizer detects the decay from the param groups, which
+all ranks share (``hvd.broadcast_optimizer_state`` and the same schedule).
+"""
+from __future__ import annotations
+
+import copy
+from typing import Mapping
+
+import torch
+
+from .base import Controller, StepPlan, StepRecord, Sync
+
+
+class Accordion(Controller):
+    """Per-layer low/high CF switching on critical regimes.
+
+    Args:
+        low_cf: CF in critical regimes (>= 1; 1 = dense).
+        high_cf: CF otherwise (>= low_cf).
+        switch_freq: intervals between comparisons (10 epochs for CNNs, 5 for LSTMs).
+        interval_steps: steps per accumulation interval; ``None`` means one epoch, and the
+            training loop calls ``end_interval()`` at the end of every epoch (on every rank).
+        eta: threshold η on the relative change of the norm (> 0).
+
+    Example::
+
+        ctrl = Accordion(low_cf=10, high_cf=1000, switch_freq=10)
+        opt = gravac.DistributedOptimizer(opt, model.named_parameters(), controller=ctrl)
+        for epoch in range(epochs):
+            train_one_epoch(...)
+            ctrl.end_interval()
+    """
+
+    def __init__(self, low_cf: float, high_cf: float, switch_freq: int,
+                 interval_steps: int | None = None, eta: float = 0.5):
+        for name, value in (("low_cf", low_cf), ("high_cf", high_cf)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 1:
+                raise ValueError(f"Accordion({name}={value!r}): {name} must be a number >= 1")
+        if high_cf < low_cf:
+            raise ValueError(f"Accordion: high_cf ({high_cf}) must be >= low_cf ({low_cf})")
+        if isinstance(switch_freq, bool) or not isinstance(switch_freq, int) or switch_freq < 1:
+            raise ValueError(f"Accordion(switch_freq={switch_freq!r}): switch_freq must be an "
+                             "int >= 1 (intervals between comparisons)")
+        if interval_steps is not None and (isinstance(interval_steps, bool) or
+                                           not isinstance(interval_steps, int) or interval_steps < 1):
+            raise ValueError(f"Accordion(interval_steps={interval_steps!r}): must be an int >= 1, "
+                             "or None for one epoch (then call end_interval() every epoch)")
+        if isinstance(eta, bool) or not isinstance(eta, (int, float)) or not eta > 0:
+            raise ValueError(f"Accordion(eta={eta!r}): eta must be a number > 0")
+        self.low_cf = float(low_cf)
+        self.high_cf = float(high_cf)
+        self.switch_freq = switch_freq
+        self.interval_steps = interval_steps
+        self.eta = float(eta)
+        self.wants_gradients = False
+        self._sync: Sync | None = None
+        self._layers: list[str] = []
+        self._acc: dict[str, torch.Tensor] = {}
+        self._state = {"layer_cf": {}, "intervals": 0, "steps_in_interval": 0,
+                       "reference_norms": None, "decisions": []}
+
+    def bind(self, layer_names, sync: Sync) -> None:
+        self._sync = sync
+        self._layers = list(layer_names)
+        self._state["layer_cf"] = {name: self.low_cf for name in self._layers}
+        self.wants_gradients = sync.rank == 0   # only rank 0's accumulations are used
+
+    @property
+    def layer_cf(self) -> dict[str, float]:
+        return dict(self._state["layer_cf"])
+
+    @property
+    def decisions(self) -> list[dict]:
+        return self._state["decisions"]
+
+    def plan(self, step: int) -> StepPlan:
+        return StepPlan(theta_min=self.low_cf, layer_cf=dict(self._state["layer_cf"]))
+
+    def observe_gradients(self, grads: Mapping[str, torch.Tensor]) -> None:
+        for name, grad in grads.items():
+            acc = self._acc.get(name)
+            if acc is None:
+                self._acc[name] = grad.detach().to(torch.float32, copy=True)
+            else:
+                acc.add_(grad.detach())
+
+    def on_lr_decay(self) -> None:
+        self._state["layer_cf"] = {name: self.low_cf for name in self._layers}
+
+    def end_step(self, record: StepRecord, sync: Sync) -> None:
+        self._state["steps_in_interval"] += 1
+        if self.interval_steps is not None and self._state["steps_in_interval"] >= self.interval_steps:
+            self.end_interval()
+
+    def end_interval(self) -> None:
+        """Close an accumulation interval (call on every rank; collective)."""
+        if self._sync is None:
+            raise RuntimeError("Accordion.end_interval() before the controller was given to "
+                               "gravac.DistributedOptimizer")
+        proposal = self._evaluate() if self._sync.rank == 0 else None
+        self._state = self._sync.broadcast_object(proposal, name="gravac.accordion.interval")
+        self._acc.clear()
+
+    def _evaluate(self) -> dict:
+        s = copy.deepcopy(self._state)
+        index = s["intervals"]
+        norms = {name: float(self._acc[name].norm()) if name in self._acc else 0.0
+                 for name in self._layers}
+        s["intervals"] = index + 1
+        s["steps_in_interval"] = 0
+        if index % self.switch_freq == 0:
+            old = s["reference_norms"]
+            if old is not None:
+                layer_cf = {}
+                for name in self._layers:
+                    ratio = abs(old[name] - norms[name]) / old[name] if old[name] > 0 else float("inf")
+                    layer_cf[name] = self.low_cf if ratio >= self.eta else self.high_cf
+                s["layer_cf"] = layer_cf
+                s["decisions"].append({"interval": index, "layer_cf": dict(layer_cf),
+                                       "ratios": {n: abs(old[n] - norms[n]) / old[n] if old[n] > 0
+                                                  else None for n in self._layers}})
+            s["reference_norms"] = norms
+        return s
+
+    def state_dict(self) -> dict:
+        return {"hyper": self.describe(), "state": copy.deepcopy(self._state),
+                "accumulators": {k: v.clone() for k, v in self._acc.items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        if not isinstance(state, dict) or "state" not in state:
+            raise ValueError("not an Accordion state dict: expected keys 'hyper' and 'state'")
+        if state.get("hyper", self.describe()) != self.describe():
+            raise ValueError(f"Accordion state was saved with {state['hyper']}, "
+                             f"but this controller is {self.describe()}")
+        self._state = copy.deepcopy(state["state"])
+        self._acc = {k: v.clone() for k, v in state.get("accumulators", {}).items()}
+
+    def describe(self) -> dict:
+        return {"controller": "Accordion", "low_cf": self.low_cf, "high_cf": self.high_cf,
+                "switch_freq": self.switch_freq, "interval_steps": self.interval_steps,
+                "eta": self.eta}
+
+    def __repr__(self) -> str:
+        return (f"Accordion(low_cf={self.low_cf:g}, high_cf={self.high_cf:g}, "
+                f"switch_freq={self.switch_freq}, interval_steps={self.interval_steps}, eta={self.eta})")

@@ -1,0 +1,270 @@
+"""The GraVAC controller (Tyagi & Swany, IEEE CLOUD 2023; ALGORITHM.md, "made precise").
+
+Per step it compares two compression levels of the same gradient: θmin and a candidate
+θc > θmin (multi-level: the optimizer compresses the θmin values further by θc/θmin).
+With the EWMA-smoothed whole-model gains δmin, δc, agreed across ranks, it sends the
+candidate if δc ≥ ε, else θmin if δmin ≥ ε, else dense. Every ``window`` steps rank 0
+evaluates: θmin scales up to θc when their gains are within ω, θc climbs the ladder, and
+when the two best compression throughputs (T_sys · gain) are within ω the controller
+settles at the smaller of their CFs. The evaluation is broadcast so every rank adopts it.
+
+Points ALGORITHM.md leaves to the implementation, settled here:
+
+* The first window is a warm-up at θmin only; its evaluation neither scales θmin nor
+  advances θc (the candidate has not been measured yet), but records throughput.
+* When θc changes, δc restarts (its first new sample is taken as is); when θmin scales
+  up to θc, δmin continues from δc (the same CF was being measured).
+* T_compress uses the smoothed gain of what was sent (δc, δmin, or 1 for dense).
+* Once settled, CFs stay fixed; the per-step ε rule still falls back to θmin or dense.
+"""
+from __future__ import annotations
+
+import copy
+import math
+
+from .base import SENT_CANDIDATE, SENT_DENSE, SENT_MIN, Controller, StepPlan, StepRecord, Sync
+from .ladder import POLICIES, build_ladder, next_rung
+
+
+def default_alpha(world_size: int) -> float:
+    """The paper's EWMA weight: clamp(N / 100, 0.01, 1) for N ranks."""
+    return min(1.0, max(0.01, world_size / 100.0))
+
+
+class GraVAC(Controller):
+    """Adaptive CF controller of GraVAC.
+
+    Args:
+        theta_min: initial minimum CF θmin₀ (>= 1).
+        theta_max: largest CF tried (>= theta_min).
+        epsilon: gain threshold ε in (0, 1]: send a level only if its gain is at least ε.
+        omega: relative tolerance ω >= 0 for θmin scale-up and throughput saturation.
+        window: steps per evaluation (>= 1).
+        policy: ladder of candidate CFs, ``"exponential"`` or ``"geometric"``.
+        alpha: EWMA weight in (0, 1]; default clamp(N/100, 0.01, 1) for N ranks.
+
+    Example::
+
+        ctrl = GraVAC(theta_min=10, theta_max=1000, epsilon=0.7, window=500)
+        opt = gravac.DistributedOptimizer(opt, model.named_parameters(), compressor="topk",
+                                          controller=ctrl, batch_size=32)
+        ...
+        ctrl.decisions[-1]   # {'step': ..., 'theta_min': ..., 'theta_c': ..., ...}
+    """
+
+    def __init__(self, theta_min: float = 10, theta_max: float = 1000, epsilon: float = 0.7,
+                 omega: float = 0.01, window: int = 500, policy: str = "exponential",
+                 alpha: float | None = None):
+        _check_number("theta_min", theta_min, "a number >= 1", lambda v: v >= 1)
+        _check_number("theta_max", theta_max, f"a number >= theta_min ({theta_min})",
+                      lambda v: v >= theta_min)
+        _check_number("epsilon", epsilon, "in (0, 1]", lambda v: 0 < v <= 1)
+        _check_number("omega", omega, "a number >= 0", lambda v: v >= 0)
+        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+            raise ValueError(f"GraVAC(window={window!r}): window must be an int >= 1 (steps)")
+        if policy not in POLICIES:
+            raise ValueError(f"GraVAC(policy={policy!r}): policy must be one of "
+                             f"{', '.join(POLICIES)}")
+        if alpha is not None:
+            _check_number("alpha", alpha, "in (0, 1] or None", lambda v: 0 < v <= 1)
+        self.theta_min0 = float(theta_min)
+        self.theta_max = float(theta_max)
+        self.epsilon = float(epsilon)
+        self.omega = float(omega)
+        self.window = window
+        self.policy = policy
+        self.alpha_option = alpha
+        self.ladder = build_ladder(self.theta_min0, self.theta_max, policy)
+        self._state = self._initial_state(alpha if alpha is not None else default_alpha(1))
+
+    def _initial_state(self, alpha: float) -> dict:
+        return {
+            "alpha": alpha,
+            "theta_min": self.theta_min0,
+            "theta_c": next_rung(self.ladder, self.theta_min0),
+            "delta_min": None,
+            "delta_c": None,
+            "settled": False,
+            "table": {},            # CF -> mean T_compress in the latest window it was used
+            "window_sums": {},      # CF -> [sum, count] of T_compress in the current window
+            "candidate_measured": False,   # δc got a sample in the current window
+            "decisions": [],
+        }
+
+    # -- set-up -----------------------------------------------------------------------
+    def bind(self, layer_names, sync: Sync) -> None:
+        if self.alpha_option is None:
+            self._state["alpha"] = default_alpha(sync.size)
+
+    # -- read-only views ----------------------------------------------------------------
+    @property
+    def theta_min(self) -> float:
+        return self._state["theta_min"]
+
+    @property
+    def theta_c(self) -> float:
+        return self._state["theta_c"]
+
+    @property
+    def delta_min(self):
+        return self._state["delta_min"]
+
+    @property
+    def delta_c(self):
+        return self._state["delta_c"]
+
+    @property
+    def settled(self) -> bool:
+        return self._state["settled"]
+
+    @property
+    def alpha(self) -> float:
+        return self._state["alpha"]
+
+    @property
+    def table(self) -> dict:
+        return dict(self._state["table"])
+
+    @property
+    def decisions(self) -> list[dict]:
+        return self._state["decisions"]
+
+    # -- per step -----------------------------------------------------------------------
+    def _candidate_active(self, step: int) -> bool:
+        return step >= self.window and self.theta_c > self.theta_min
+
+    def plan(self, step: int) -> StepPlan:
+        theta_c = self.theta_c if self._candidate_active(step) else None
+        return StepPlan(theta_min=self.theta_min, theta_c=theta_c, needs_gains=True)
+
+    def _ewma(self, old, sample):
+        if old is None:
+            return float(sample)
+        a = self._state["alpha"]
+        return (1 - a) * old + a * float(sample)
+
+    def decide(self, gain_min, gain_c) -> str:
+        s = self._state
+        if gain_min is not None:
+            s["delta_min"] = self._ewma(s["delta_min"], gain_min)
+        if gain_c is not None:
+            s["delta_c"] = self._ewma(s["delta_c"], gain_c)
+            s["candidate_measured"] = True
+            if s["delta_c"] >= self.epsilon:
+                return SENT_CANDIDATE
+        if s["delta_min"] is not None and s["delta_min"] >= self.epsilon:
+            return SENT_MIN
+        return SENT_DENSE
+
+    def end_step(self, record: StepRecord, sync: Sync) -> None:
+        s = self._state
+        if record.t_iter is not None and record.t_iter > 0:
+            t_sys = (record.samples or 1.0) / record.t_iter
+            if record.sent == SENT_CANDIDATE:
+                gain = s["delta_c"]
+            elif record.sent == SENT_MIN:
+                gain = s["delta_min"]
+            else:
+                gain = 1.0
+            entry = s["window_sums"].setdefault(_key(record.cf), [0.0, 0])
+            entry[0] += t_sys * (1.0 if gain is None else gain)
+            entry[1] += 1
+        if (record.step + 1) % self.window == 0:
+            proposal = self.evaluate(record.step) if sync.rank == 0 else None
+            # Rank 0's evaluation (timings are rank-local) becomes every rank's state.
+            decided = sync.broadcast_object(proposal, name="gravac.controller.window")
+            self._state = decided
+
+    # -- per window ---------------------------------------------------------------------
+    def evaluate(self, step: int) -> dict:
+        """Rank 0's window evaluation: the next controller state (not yet adopted)."""
+        s = copy.deepcopy(self._state)
+        measured_min, measured_c = s["delta_min"], s["delta_c"]
+        for cf, (total, count) in s["window_sums"].items():
+            s["table"][cf] = total / count
+        s["window_sums"] = {}
+        scaled_up = advanced = False
+        if not s["settled"] and s["candidate_measured"] and s["theta_c"] > s["theta_min"]:
+            d_min, d_c = s["delta_min"], s["delta_c"]
+            if d_min is not None and d_c is not None and d_min > 0 \
+                    and abs(d_min - d_c) / d_min <= self.omega:
+                s["theta_min"] = s["theta_c"]
+                s["delta_min"] = d_c      # δc measured exactly this CF
+                scaled_up = True
+            new_c = next_rung(self.ladder, s["theta_c"])
+            if new_c != s["theta_c"]:
+                s["theta_c"], s["delta_c"] = new_c, None
+            advanced = True
+        if not s["settled"]:
+            ideal = saturation_point(s["table"], self.omega)
+            if ideal is not None:
+                s["theta_c"] = ideal
+                s["theta_min"] = min(s["theta_min"], ideal)
+                s["delta_c"] = None
+                s["settled"] = True
+        s["candidate_measured"] = False
+        s["decisions"].append({
+            "step": step,
+            "theta_min": s["theta_min"],
+            "theta_c": s["theta_c"],
+            "delta_min": measured_min,      # the gains this window ended with
+            "delta_c": measured_c,
+            "table": dict(s["table"]),
+            "settled": s["settled"],
+            "scaled_up": scaled_up,
+            "advanced": advanced,
+        })
+        return s
+
+    # -- state ----------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {"hyper": self.describe(), "state": copy.deepcopy(self._state)}
+
+    def load_state_dict(self, state: dict) -> None:
+        if not isinstance(state, dict) or "state" not in state:
+            raise ValueError("not a GraVAC state dict: expected keys 'hyper' and 'state'")
+        mine, theirs = self.describe(), state.get("hyper", {})
+        if theirs and theirs != mine:
+            diff = {k: (theirs.get(k), mine.get(k)) for k in mine if theirs.get(k) != mine.get(k)}
+            raise ValueError(f"GraVAC state was saved with other hyperparameters "
+                             f"(saved, current): {diff}")
+        self._state = copy.deepcopy(state["state"])
+
+    def describe(self) -> dict:
+        return {"controller": "GraVAC", "theta_min": self.theta_min0, "theta_max": self.theta_max,
+                "epsilon": self.epsilon, "omega": self.omega, "window": self.window,
+                "policy": self.policy, "alpha": self.alpha_option}
+
+    def __repr__(self) -> str:
+        return (f"GraVAC(theta_min={self.theta_min0:g}, theta_max={self.theta_max:g}, "
+                f"epsilon={self.epsilon}, omega={self.omega}, window={self.window}, "
+                f"policy={self.policy!r})")
+
+
+def saturation_point(table: dict, omega: float):
+    """The smaller CF of the two best compression throughputs when they are within ω.
+
+    >>> saturation_point({1280.0: 1029.9, 2000.0: 1035.4, 640.0: 900.0}, 0.01)
+    1280.0
+    >>> saturation_point({10.0: 500.0, 20.0: 700.0}, 0.01) is None
+    True
+    """
+    if len(table) < 2:
+        return None
+    (cf1, t1), (cf2, t2) = sorted(table.items(), key=lambda kv: kv[1], reverse=True)[:2]
+    best = max(t1, t2)
+    if best <= 0:
+        return None
+    if abs(t1 - t2) / best <= omega:
+        return min(cf1, cf2)
+    return None
+
+
+def _key(cf: float) -> float:
+    return float(cf)
+
+
+def _check_number(name, value, allowed, ok):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) \
+            or not ok(value):
+        raise ValueError(f"GraVAC({name}={value!r}): {name} must be {allowed}")

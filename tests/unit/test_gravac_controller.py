@@ -1,0 +1,141 @@
+"""GraVAC controller driven by scripted gains and timings (no Horovod)."""
+import pytest
+
+from gravac.controllers import GraVAC, LocalSync, StepRecord, build_ladder
+from gravac.controllers.gravac import default_alpha, saturation_point
+
+SYNC = LocalSync()
+
+
+def test_ladders():
+    assert build_ladder(10, 1000, "exponential") == [10, 20, 40, 160, 1000]
+    assert build_ladder(10, 2000, "geometric") == [10, 20, 40, 80, 160, 320, 640, 1280, 2000]
+    assert build_ladder(1.5, 1000, "geometric") == [1.5, 3, 6, 12, 24, 48, 96, 192, 384, 768, 1000]
+    assert build_ladder(10, 10, "geometric") == [10]
+    assert build_ladder(10, 40, "geometric") == [10, 20, 40]
+    assert GraVAC(theta_min=10, theta_max=1000).ladder == [10, 20, 40, 160, 1000]
+
+
+def run(ctrl, steps, gains, throughput, start=0, samples=64):
+    """Drive ``ctrl`` like the optimizer does. ``gains(step, plan) -> (g_min, g_c)``;
+    ``throughput(cf) -> T_sys`` sets t_iter. Returns the per-step log."""
+    log = []
+    for step in range(start, start + steps):
+        plan = ctrl.plan(step)
+        g_min, g_c = gains(step, plan)
+        sent = ctrl.decide(g_min, g_c if plan.theta_c is not None else None)
+        cf = {"candidate": plan.theta_c, "min": plan.theta_min, "dense": 1.0}[sent]
+        log.append((step, sent, cf, plan.theta_min, plan.theta_c))
+        ctrl.end_step(StepRecord(step=step, sent=sent, cf=cf, gain=1.0,
+                                 t_iter=samples / throughput(cf), samples=samples), SYNC)
+    return log
+
+
+def test_three_way_choice_and_ewma():
+    ctrl = GraVAC(epsilon=0.7, window=1, alpha=1.0)
+    assert ctrl.decide(0.9, 0.8) == "candidate"
+    assert ctrl.decide(0.9, 0.5) == "min"
+    assert ctrl.decide(0.5, 0.3) == "dense"
+    assert ctrl.decide(0.7, 0.7) == "candidate"          # >= epsilon
+    assert ctrl.decide(0.75, None) == "min"              # no candidate this step
+    smooth = GraVAC(alpha=0.5)
+    smooth.decide(0.8, 0.4)                               # first sample taken as is
+    smooth.decide(0.4, 0.8)
+    assert smooth.delta_min == pytest.approx(0.6) and smooth.delta_c == pytest.approx(0.6)
+    assert default_alpha(2) == 0.02 and default_alpha(1) == 0.01 and default_alpha(400) == 1.0
+
+
+def test_warmup_runs_at_theta_min_only():
+    ctrl = GraVAC(theta_min=10, theta_max=1000, window=5, alpha=1.0)
+    log = run(ctrl, 6, lambda s, p: (0.95, 0.9), lambda cf: 100.0)
+    assert all(theta_c is None and sent == "min" for _, sent, _, _, theta_c in log[:5])
+    assert log[5][4] == 20 and log[5][1] == "candidate"
+    first = ctrl.decisions[0]
+    assert first["theta_min"] == 10 and first["theta_c"] == 20 and not first["advanced"]
+
+
+def test_theta_min_scales_up_when_gains_are_close_and_candidate_climbs():
+    ctrl = GraVAC(theta_min=10, theta_max=1000, omega=0.01, window=4, alpha=1.0)
+    # gains within 1% of each other -> θmin takes θc at each evaluation
+    run(ctrl, 8, lambda s, p: (0.95, 0.949), lambda cf: 100.0 + cf)
+    assert (ctrl.theta_min, ctrl.theta_c) == (20, 40)
+    # gains 10% apart -> θmin stays, θc still climbs
+    ctrl2 = GraVAC(theta_min=10, theta_max=1000, omega=0.01, window=4, alpha=1.0)
+    run(ctrl2, 12, lambda s, p: (0.95, 0.85), lambda cf: 100.0 + cf)
+    assert (ctrl2.theta_min, ctrl2.theta_c) == (10, 160)
+    run(ctrl2, 8, lambda s, p: (0.95, 0.85), lambda cf: 100.0 + cf, start=12)
+    assert ctrl2.theta_c == 1000, "stays at θmax when there is no higher rung"
+
+
+def test_paper_case_settles_at_1280():
+    """1280x and 2000x reach compression throughputs 1029.9 and 1035.4; ω = 1% -> 1280x."""
+    throughput = {10: 500.0, 20: 600.0, 40: 700.0, 80: 800.0, 160: 900.0, 320: 950.0,
+                  640: 1000.0, 1280: 1029.9, 2000: 1035.4}
+    ctrl = GraVAC(theta_min=10, theta_max=2000, omega=0.01, window=5, policy="geometric",
+                  alpha=1.0)
+    log = run(ctrl, 5 * 12, lambda s, p: (1.0, 1.0), lambda cf: throughput[int(cf)])
+    assert ctrl.settled
+    assert ctrl.theta_c == 1280 and ctrl.theta_min <= 1280
+    settle = next(d for d in ctrl.decisions if d["settled"])
+    assert settle["table"][1280.0] == pytest.approx(1029.9)
+    assert settle["table"][2000.0] == pytest.approx(1035.4)
+    # every rung of the ladder was used, in order, before settling
+    used = []
+    for _, sent, cf, _, _ in log:
+        if not used or used[-1] != cf:
+            used.append(cf)
+    assert used[:9] == [10, 20, 40, 80, 160, 320, 640, 1280, 2000]
+    assert log[-1][2] == 1280
+    assert saturation_point({1280.0: 1029.9, 2000.0: 1035.4}, 0.005) is None
+
+
+def test_settles_on_dense_when_compression_does_not_pay():
+    """Dense steps count as CF 1: if they are as fast as compressed ones, stay dense."""
+    ctrl = GraVAC(theta_min=10, theta_max=1000, omega=0.01, window=3, alpha=1.0, epsilon=0.9)
+    # Window 1: gains too low -> dense, T_compress = 1000 · 1. Window 2: θmin sent with
+    # gain 0.95 at T_sys 1050, T_compress = 997.5: within 1% of dense, so dense wins.
+    gains = lambda s, p: (0.5, 0.4) if s < 3 else (0.95, 0.5)
+    run(ctrl, 6, gains, lambda cf: 1000.0 if cf == 1 else 1050.0)
+    assert ctrl.settled and ctrl.theta_c == 1.0 and ctrl.theta_min == 1.0
+
+
+def test_gain_drop_falls_back_per_step_without_waiting_for_a_window():
+    ctrl = GraVAC(theta_min=10, theta_max=1000, window=4, alpha=1.0, epsilon=0.7)
+    gains = lambda s, p: (0.2, 0.1) if s == 9 else ((0.9, 0.6) if s == 10 else (0.95, 0.9))
+    log = run(ctrl, 12, gains, lambda cf: 100.0)
+    assert [entry[1] for entry in log[8:12]] == ["candidate", "dense", "min", "candidate"]
+
+
+def test_resume_from_state_dict_makes_the_same_decisions():
+    def gains(step, plan):
+        return 0.97 - 0.0001 * step, 0.96 - 0.0002 * step * (plan.theta_c or 1) / 100
+    throughput = lambda cf: 1000.0 * (1 - 1 / (1 + cf))
+    make = lambda: GraVAC(theta_min=10, theta_max=1000, window=7, alpha=0.3)
+    full = make()
+    full_log = run(full, 70, gains, throughput)
+    first = make()
+    log_a = run(first, 31, gains, throughput)
+    resumed = make()
+    resumed.load_state_dict(first.state_dict())
+    log_b = run(resumed, 39, gains, throughput, start=31)
+    assert log_a + log_b == full_log
+    assert resumed.decisions == full.decisions
+    assert resumed.state_dict() == full.state_dict()
+    with pytest.raises(ValueError, match="other hyperparameters"):
+        GraVAC(window=8).load_state_dict(first.state_dict())
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"epsilon": 0}, r"epsilon must be in \(0, 1\]"),
+    ({"epsilon": 1.2}, r"epsilon must be in \(0, 1\]"),
+    ({"omega": -0.1}, "omega must be a number >= 0"),
+    ({"window": 0}, "window must be an int >= 1"),
+    ({"window": 2.5}, "window must be an int >= 1"),
+    ({"theta_min": 10, "theta_max": 5}, r"theta_max must be a number >= theta_min \(10\)"),
+    ({"theta_min": 0.5}, "theta_min must be a number >= 1"),
+    ({"policy": "linear"}, "policy must be one of exponential, geometric"),
+    ({"alpha": 0}, r"alpha must be in \(0, 1\]"),
+])
+def test_bad_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        GraVAC(**kwargs)
