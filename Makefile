@@ -27,6 +27,7 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/compressors.py
+	$(PY) benchmarks/multilevel.py
 
 clean:
 	rm -rf $(VENV) .test-results

@@ -152,7 +152,13 @@ def test_randomk_is_uniform():
     chi2 = float(((counts - expected) ** 2 / expected).sum())
     # 199 degrees of freedom: mean 199, sd ~20; 300 is > 5 sd out.
     assert chi2 < 300, chi2
-    # the large-n path (draw with replacement, deduplicate) too
+    # the "drop n - k" bitmap path (k > n/2, e.g. CF 1.5)
+    counts = torch.zeros(n)
+    for step in range(400):
+        counts[comp.select(torch.zeros(200), 150, SelectContext(step=step))] += 1
+    expected = 400 * 150 / 200
+    assert float(((counts - expected) ** 2 / expected).sum()) < 300
+    # the sparse path (draw with replacement, deduplicate) too
     n, k = 100_000, 500
     hits = torch.zeros(10)
     for step in range(200):
