@@ -171,11 +171,15 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _agree_gains(self, selections: list[_Selection], step: int):
         """Whole-model compression gains, summed over ranks with one tiny allreduce."""
-        sq = torch.zeros(3, dtype=torch.float64)
-        for s in selections:
-            sq[0] += float(_sq_norm(s.val_min))
-            sq[1] += float(_sq_norm(s.val_c if s.val_c is not None else s.val_min))
-            sq[2] += float(_sq_norm(s.g_ef))
+        if selections:
+            # Summed on the gradients' device and moved once: one sync, not one per layer.
+            sq = torch.stack([
+                torch.stack([_sq_norm(s.val_min),
+                             _sq_norm(s.val_c if s.val_c is not None else s.val_min),
+                             _sq_norm(s.g_ef)])
+                for s in selections]).double().sum(0).cpu()
+        else:
+            sq = torch.zeros(3, dtype=torch.float64)
         sq = hvd.allreduce(sq, op=hvd.Sum, name=f"{self._prefix}.gains",
                            process_set=self.process_set)
         total = float(sq[2])
