@@ -22,8 +22,10 @@ test-unit: $(STAMP)
 test-parallel: $(STAMP)
 	bash tests/run.sh parallel
 
+# GraVAC on the embedded digits data, 2 ranks; replaces the previous demo run.
 demo: $(STAMP)
-	$(VENV)/bin/horovodrun -np $(NP) -H localhost:$(NP) --gloo $(PY) examples/quickstart.py
+	$(VENV)/bin/horovodrun -np $(NP) -H localhost:$(NP) --gloo $(PY) train.py \
+		--config configs/demo.yaml --set run.overwrite=true
 
 bench: $(STAMP)
 	$(PY) benchmarks/compressors.py

@@ -104,6 +104,16 @@ class Compressor(ABC):
         k = min(k, n)
         return k, k
 
+    def state_dict(self) -> dict:
+        """The private sampling generator's state, so a resumed run draws the same samples."""
+        gen = getattr(self, "_generator", None)
+        return {} if gen is None else {"generator": gen.get_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        gen = getattr(self, "_generator", None)
+        if gen is not None and state.get("generator") is not None:
+            gen.set_state(state["generator"])
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
 

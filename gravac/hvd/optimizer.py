@@ -346,6 +346,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             "step": self._gravac_step,
             "memory": self.memory.state_dict(),
             "controller": self.controller.state_dict(),
+            "compressor": self.compressor.state_dict(),
         }
         return state
 
@@ -359,6 +360,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                  f"this version reads format {STATE_FORMAT}")
             self.memory.load_state_dict(extra["memory"])
             self.controller.load_state_dict(extra["controller"])
+            self.compressor.load_state_dict(extra.get("compressor", {}))
             self._gravac_step = int(extra["step"])
         self._synchronized = False
         self._lrs = self._current_lrs()

@@ -27,3 +27,9 @@ def rank():
 @pytest.fixture
 def size():
     return hvd.size()
+
+
+@pytest.fixture
+def shared_tmp(tmp_path):
+    """A temporary directory that every rank sees (rank 0's, broadcast)."""
+    return hvd.broadcast_object(str(tmp_path), root_rank=0, name="test.shared_tmp")

@@ -1,0 +1,109 @@
+"""Checkpoints: every rank's state, written atomically, with a pointer to the latest.
+
+Layout under ``RUN_DIR/checkpoints/``::
+
+    step_00000200/common.pt      rank 0: model, lr scheduler, loop position, config
+    step_00000200/rank_00000.pt  each rank: its optimizer state (residual memory, controller),
+    step_00000200/rank_00001.pt  RNG states and data position (augmentation, LSTM state)
+    latest.json                  {"step": 200, "dir": "step_00000200", "world_size": 2}
+
+Each file is written to a temporary name and renamed. ``latest.json`` is rewritten only
+after every rank has written its file (a small allreduce is the barrier), so it always
+names a complete checkpoint; a crash mid-save leaves the previous one in place.
+
+Example::
+
+    save_checkpoint(run_dir, step, common, rank_state, rank, world_size, keep=2)
+    found = load_checkpoint(run_dir, rank)     # (common, rank_state, info) or None
+"""
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from pathlib import Path
+
+import torch
+
+from .atomic import atomic_torch_save, atomic_write_text
+
+LATEST = "latest.json"
+
+
+def checkpoint_root(run_dir: str | Path) -> Path:
+    return Path(run_dir) / "checkpoints"
+
+
+def _barrier(name: str) -> None:
+    import horovod.torch as hvd
+
+    hvd.allreduce(torch.zeros(1), name=name, op=hvd.Sum)
+
+
+def rng_state() -> dict:
+    return {"torch": torch.get_rng_state(), "python": random.getstate()}
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+
+
+def save_checkpoint(run_dir, step: int, common: dict, rank_state: dict, rank: int,
+                    world_size: int, keep: int = 2) -> Path:
+    """Collective: every rank calls it at the same step."""
+    root = checkpoint_root(run_dir)
+    name = f"step_{step:08d}"
+    folder = root / name
+    atomic_torch_save(rank_state, folder / f"rank_{rank:05d}.pt")
+    if rank == 0:
+        atomic_torch_save(common, folder / "common.pt")
+    _barrier(f"gravac.checkpoint.{step}")
+    if rank == 0:
+        atomic_write_text(root / LATEST, json.dumps({"step": step, "dir": name,
+                                                     "world_size": world_size}))
+        _prune(root, keep, current=name)
+    # When save returns, the checkpoint is complete and named by latest.json on every rank.
+    _barrier(f"gravac.checkpoint.{step}.done")
+    return folder
+
+
+def _prune(root: Path, keep: int, current: str) -> None:
+    folders = sorted(p for p in root.glob("step_*") if p.is_dir())
+    for old in folders[:-keep]:
+        if old.name != current:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def latest_info(run_dir) -> dict | None:
+    path = checkpoint_root(run_dir) / LATEST
+    if not path.is_file():
+        return None
+    try:
+        info = json.loads(path.read_text())
+        return info if {"step", "dir", "world_size"} <= set(info) else None
+    except (OSError, ValueError):
+        return None
+
+
+def load_checkpoint(run_dir, rank: int):
+    """(common, rank_state, info) of the latest complete checkpoint, or None if none.
+
+    A rank that did not exist when the checkpoint was written (more ranks now) gets
+    ``rank_state = None``: it starts with empty residuals.
+    """
+    info = latest_info(run_dir)
+    if info is None:
+        return None
+    folder = checkpoint_root(run_dir) / info["dir"]
+    try:
+        common = torch.load(folder / "common.pt", map_location="cpu", weights_only=False)
+    except Exception as exc:  # noqa: BLE001 - any unreadable file is the same problem
+        raise RuntimeError(f"checkpoint {folder / 'common.pt'} cannot be read ({exc}); "
+                           f"remove {folder} and {checkpoint_root(run_dir) / LATEST} to fall "
+                           "back to an earlier checkpoint, or start a new run") from None
+    rank_file = folder / f"rank_{rank:05d}.pt"
+    rank_state = None
+    if rank_file.is_file():
+        rank_state = torch.load(rank_file, map_location="cpu", weights_only=False)
+    return common, rank_state, info

@@ -1,0 +1,58 @@
+"""Command line of ``train.py``.
+
+    horovodrun -np N python train.py --config a.yaml [b.yaml ...] [--set key=value ...]
+                                     [--dry-run] [--resume]
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .config import ConfigError, load_config
+
+EPILOG = """\
+Config files are YAML with the sections run, model, data, optimizer and compression;
+later files and --set override earlier ones key by key. Examples:
+
+  horovodrun -np 2 -H localhost:2 --gloo python train.py --config configs/demo.yaml
+  python train.py --config configs/models/resnet101_cifar10.yaml \\
+      configs/compression/gravac_exp_dgc.yaml --set data.root=~/data --dry-run
+  python train.py --config configs/demo.yaml --set run.steps=2000 --resume
+
+Every key, its type and its default: gravac/train/config.py.
+"""
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="train.py", description="Train with gravac (adaptive gradient compression on Horovod).",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", nargs="+", required=True, metavar="FILE",
+                        help="YAML config files, merged left to right")
+    parser.add_argument("--set", dest="overrides", action="append", default=[],
+                        metavar="KEY=VALUE",
+                        help="override one key (dotted path, YAML value), e.g. "
+                             "--set optimizer.lr=0.05; repeatable")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="validate the config, build model, data and optimizer, print the "
+                             "resolved config and exit")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue the run in run.output_dir/run.name from its latest checkpoint")
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        cfg = load_config(args.config, args.overrides)
+    except ConfigError as exc:
+        print(f"config error: {exc}", file=sys.stderr)
+        return 2
+    from .loop import train   # imports Horovod: only once the config is known to be good
+
+    try:
+        train(cfg, resume=args.resume, dry_run=args.dry_run)
+    except ConfigError as exc:
+        print(f"config error: {exc}", file=sys.stderr)
+        return 2
+    return 0

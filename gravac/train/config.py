@@ -1,0 +1,374 @@
+"""Experiment configuration: typed, validated, composable YAML.
+
+A run is described by one or more YAML files (later files override earlier ones, key by
+key) and ``--set key.path=value`` overrides (values parsed as YAML scalars, never with
+``eval``). The result is checked against the dataclasses below before any work starts:
+an unknown key, a wrong type or a value out of range raises ``ConfigError`` with one
+line naming the key, the value and what is allowed.
+
+Example::
+
+    cfg = load_config(["configs/base.yaml", "configs/compression/gravac_exp.yaml"],
+                      ["run.steps=200", "compression.gravac.window=50"])
+    cfg.compression.gravac.window     # 50
+    to_dict(cfg)                      # the resolved config, as saved with the run
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+CONTROLLERS = ("dense", "static", "gravac", "accordion")
+DATASETS = ("digits", "cifar10", "cifar100", "ptb", "synthetic_images", "synthetic_text")
+OPTIMIZERS = ("sgd",)
+PROGRESS = ("auto", "always", "never")
+HOROVOD_COMPRESSION = ("none", "fp16")
+
+
+class ConfigError(ValueError):
+    """A configuration problem, phrased as one line: key, value, what is allowed."""
+
+
+@dataclass
+class RunConfig:
+    # Formatted with {model}, {data}, {controller}, {compressor} and {tag}, so composed
+    # files (a model file + a compression file) give each combination its own directory.
+    name: str = "{model}-{data}-{tag}"
+    tag: str = ""
+    output_dir: str = "runs"
+    seed: int = 0
+    steps: int | None = None
+    epochs: int | None = None
+    eval_interval: int = 0
+    eval_batches: int | None = None
+    checkpoint_interval: int = 0
+    keep_checkpoints: int = 2
+    log_interval: int = 10
+    progress: str = "auto"
+    overwrite: bool = False
+    threads: int | None = None
+    report: bool = True
+
+
+@dataclass
+class ModelConfig:
+    name: str = "small_cnn"
+    options: dict = field(default_factory=dict)
+
+
+@dataclass
+class DataConfig:
+    name: str = "digits"
+    root: str | None = None
+    batch_size: int = 32
+    eval_batch_size: int = 256
+    augment: bool = True
+    bptt: int = 35
+    options: dict = field(default_factory=dict)
+
+
+@dataclass
+class OptimizerConfig:
+    name: str = "sgd"
+    lr: float = 0.1
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+    nesterov: bool = False
+    lr_milestones: list[int] = field(default_factory=list)
+    lr_gamma: float = 0.1
+    grad_clip: float | None = None
+
+
+@dataclass
+class GraVACConfig:
+    theta_min: float = 10.0
+    theta_max: float = 1000.0
+    epsilon: float = 0.7
+    omega: float = 0.01
+    window: int = 500
+    policy: str = "exponential"
+    alpha: float | None = None
+
+
+@dataclass
+class AccordionConfig:
+    low_cf: float = 10.0
+    high_cf: float = 1000.0
+    switch_freq: int = 10
+    interval_steps: int | None = None
+    eta: float = 0.5
+
+
+@dataclass
+class CompressionConfig:
+    controller: str = "static"
+    compressor: str = "topk"
+    compressor_options: dict = field(default_factory=dict)
+    min_compress_numel: int = 1024
+    cf: float = 100.0
+    horovod_compression: str = "none"
+    gravac: GraVACConfig = field(default_factory=GraVACConfig)
+    accordion: AccordionConfig = field(default_factory=AccordionConfig)
+
+
+@dataclass
+class Config:
+    run: RunConfig = field(default_factory=RunConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    compression: CompressionConfig = field(default_factory=CompressionConfig)
+
+
+# -- loading and merging -------------------------------------------------------------------
+def deep_merge(base: dict, override: dict) -> dict:
+    """``override`` on top of ``base``, recursively for nested dicts (new dict)."""
+    out = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def read_yaml(path: str | Path) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {str(path)!r} not found")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {str(path)!r} is not valid YAML: "
+                          f"{str(exc).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {str(path)!r} must hold a mapping of sections "
+                          f"(run, model, data, optimizer, compression), got {type(data).__name__}")
+    return data
+
+
+def parse_override(text: str) -> dict:
+    """``"a.b.c=value"`` as ``{"a": {"b": {"c": value}}}``; the value is a YAML scalar/list."""
+    if "=" not in text:
+        raise ConfigError(f"--set {text!r}: expected KEY=VALUE, e.g. run.steps=100")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    if not key or any(not part for part in key.split(".")):
+        raise ConfigError(f"--set {text!r}: the key must be a dotted path like optimizer.lr")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError:
+        value = raw
+    nested: Any = value
+    for part in reversed(key.split(".")):
+        nested = {part: nested}
+    return nested
+
+
+def load_config(files: list[str | Path], overrides: list[str] = ()) -> Config:
+    """Merge the YAML files and ``--set`` overrides, then type-check and validate."""
+    data: dict = {}
+    for f in files:
+        data = deep_merge(data, read_yaml(f))
+    for text in overrides:
+        data = deep_merge(data, parse_override(text))
+    cfg = from_dict(Config, data)
+    resolve_name(cfg)
+    validate(cfg)
+    return cfg
+
+
+def resolve_name(cfg: Config) -> None:
+    """Fill the placeholders of ``run.name`` (the tag defaults to the controller)."""
+    c = cfg.compression
+    fields = {"model": cfg.model.name, "data": cfg.data.name, "controller": c.controller,
+              "compressor": c.compressor, "tag": cfg.run.tag or c.controller}
+    try:
+        cfg.run.name = cfg.run.name.format(**fields)
+    except (KeyError, IndexError, ValueError):
+        raise ConfigError(f"run.name={cfg.run.name!r}: placeholders may only be "
+                          f"{', '.join('{' + k + '}' for k in fields)}") from None
+
+
+# -- typing ---------------------------------------------------------------------------------
+def _type_name(tp) -> str:
+    if tp is type(None):
+        return "null"
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+    if origin is list:
+        return f"a list of {_type_name(typing.get_args(tp)[0])}"
+    return {int: "an int", float: "a number", str: "a string", bool: "true/false",
+            dict: "a mapping"}.get(tp, getattr(tp, "__name__", str(tp)))
+
+
+def _coerce(tp, value, key: str):
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(arg, value, key)
+            except ConfigError:
+                continue
+        raise ConfigError(f"{key}={value!r}: expected {_type_name(tp)}")
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}={value!r}: expected a mapping with keys "
+                              f"{', '.join(f.name for f in dataclasses.fields(tp))}")
+        return from_dict(tp, value, key)
+    if origin is list:
+        if not isinstance(value, list):
+            raise ConfigError(f"{key}={value!r}: expected {_type_name(tp)}")
+        (inner,) = typing.get_args(tp)
+        return [_coerce(inner, v, f"{key}[{i}]") for i, v in enumerate(value)]
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+    elif tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):       # YAML reads 1e-4 as a string (no dot)
+            try:
+                return float(value)
+            except ValueError:
+                pass
+    elif tp is str:
+        if isinstance(value, str):
+            return value
+    elif tp is dict:
+        if isinstance(value, dict):
+            return dict(value)
+    raise ConfigError(f"{key}={value!r}: expected {_type_name(tp)}, got {type(value).__name__}")
+
+
+def from_dict(cls, data: dict, prefix: str = ""):
+    """Build dataclass ``cls`` from ``data``; unknown keys and wrong types are errors."""
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    for key in data:
+        if key not in names:
+            where = f"{prefix}." if prefix else ""
+            raise ConfigError(f"unknown key '{where}{key}'; known keys{' of ' + prefix if prefix else ''}: "
+                              f"{', '.join(names)}")
+    kwargs = {}
+    for name in names:
+        if name in data:
+            kwargs[name] = _coerce(hints[name], data[name], f"{prefix}.{name}" if prefix else name)
+    return cls(**kwargs)
+
+
+def to_dict(cfg) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def dump_yaml(cfg) -> str:
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False, default_flow_style=False)
+
+
+# -- validation -----------------------------------------------------------------------------
+def _require(ok: bool, key: str, value, allowed: str):
+    if not ok:
+        raise ConfigError(f"{key}={value!r}: {allowed}")
+
+
+def validate(cfg: Config) -> None:
+    """Range and consistency checks that types alone cannot express."""
+    r, d, o, c = cfg.run, cfg.data, cfg.optimizer, cfg.compression
+    _require(bool(r.name) and "/" not in r.name, "run.name", r.name,
+             "must be a non-empty name without '/'")
+    _require((r.steps is None) != (r.epochs is None), "run.steps", r.steps,
+             f"set exactly one of run.steps and run.epochs (run.epochs={r.epochs!r})")
+    for key, value in (("run.steps", r.steps), ("run.epochs", r.epochs)):
+        _require(value is None or value >= 1, key, value, "must be >= 1")
+    for key, value in (("run.eval_interval", r.eval_interval),
+                       ("run.checkpoint_interval", r.checkpoint_interval)):
+        _require(value >= 0, key, value, "must be >= 0 (steps; 0 = only at the end)")
+    _require(r.eval_batches is None or r.eval_batches >= 1, "run.eval_batches", r.eval_batches,
+             "must be >= 1, or null for the whole evaluation set")
+    _require(r.keep_checkpoints >= 1, "run.keep_checkpoints", r.keep_checkpoints, "must be >= 1")
+    _require(r.log_interval >= 1, "run.log_interval", r.log_interval, "must be >= 1")
+    _require(r.progress in PROGRESS, "run.progress", r.progress, f"must be one of {', '.join(PROGRESS)}")
+    _require(r.threads is None or r.threads >= 1, "run.threads", r.threads, "must be >= 1 or null")
+
+    from .models import MODEL_NAMES
+    _require(cfg.model.name in MODEL_NAMES, "model.name", cfg.model.name,
+             f"must be one of {', '.join(MODEL_NAMES)}")
+    _require(d.name in DATASETS, "data.name", d.name, f"must be one of {', '.join(DATASETS)}")
+    lm_model, lm_data = cfg.model.name == "lstm", d.name in ("ptb", "synthetic_text")
+    _require(lm_model == lm_data, "model.name", cfg.model.name,
+             f"does not fit data.name={d.name!r}: the lstm model needs ptb or synthetic_text "
+             "data, image models need image data")
+    _require(d.name not in ("cifar10", "cifar100", "ptb") or bool(d.root), "data.root", d.root,
+             f"must point at the folder holding the {d.name} files")
+    _require(d.batch_size >= 1, "data.batch_size", d.batch_size, "must be >= 1 (per rank)")
+    _require(d.eval_batch_size >= 1, "data.eval_batch_size", d.eval_batch_size, "must be >= 1")
+    _require(d.bptt >= 1, "data.bptt", d.bptt, "must be >= 1")
+
+    _require(o.name in OPTIMIZERS, "optimizer.name", o.name, f"must be one of {', '.join(OPTIMIZERS)}")
+    _require(o.lr > 0, "optimizer.lr", o.lr, "must be > 0")
+    _require(0 <= o.momentum < 1, "optimizer.momentum", o.momentum, "must be in [0, 1)")
+    _require(o.weight_decay >= 0, "optimizer.weight_decay", o.weight_decay, "must be >= 0")
+    _require(not o.nesterov or o.momentum > 0, "optimizer.nesterov", o.nesterov,
+             "needs optimizer.momentum > 0")
+    _require(all(m >= 1 for m in o.lr_milestones) and o.lr_milestones == sorted(set(o.lr_milestones)),
+             "optimizer.lr_milestones", o.lr_milestones, "must be increasing iteration numbers >= 1")
+    _require(0 < o.lr_gamma <= 1, "optimizer.lr_gamma", o.lr_gamma, "must be in (0, 1]")
+    _require(o.grad_clip is None or o.grad_clip > 0, "optimizer.grad_clip", o.grad_clip,
+             "must be > 0 or null")
+
+    _require(c.controller in CONTROLLERS, "compression.controller", c.controller,
+             f"must be one of {', '.join(CONTROLLERS)}")
+    _require(c.horovod_compression in HOROVOD_COMPRESSION, "compression.horovod_compression",
+             c.horovod_compression, f"must be one of {', '.join(HOROVOD_COMPRESSION)}")
+    _require(c.horovod_compression == "none" or c.controller == "dense",
+             "compression.horovod_compression", c.horovod_compression,
+             "applies to compression.controller=dense only (plain Horovod allreduce)")
+    _require(c.min_compress_numel >= 1, "compression.min_compress_numel", c.min_compress_numel,
+             "must be >= 1")
+    if c.controller != "dense":
+        from .. import compressors
+        try:
+            compressors.get(c.compressor, **c.compressor_options)
+        except ValueError as exc:
+            raise ConfigError(f"compression.compressor={c.compressor!r}: {exc}") from None
+        try:
+            build_controller(c)
+        except ValueError as exc:
+            raise ConfigError(f"compression.{c.controller}: {exc}") from None
+
+
+def build_controller(c: CompressionConfig):
+    """The controller described by ``compression`` (None for plain Horovod ``dense``)."""
+    from ..controllers import Accordion, GraVAC, Static
+
+    if c.controller == "dense":
+        return None
+    if c.controller == "static":
+        if isinstance(c.cf, bool) or not c.cf >= 1 or math.isnan(c.cf):
+            raise ValueError(f"cf={c.cf!r}: must be a number >= 1 (1 = dense)")
+        return Static(cf=c.cf)
+    if c.controller == "gravac":
+        g = c.gravac
+        return GraVAC(theta_min=g.theta_min, theta_max=g.theta_max, epsilon=g.epsilon,
+                      omega=g.omega, window=g.window, policy=g.policy, alpha=g.alpha)
+    a = c.accordion
+    return Accordion(low_cf=a.low_cf, high_cf=a.high_cf, switch_freq=a.switch_freq,
+                     interval_steps=a.interval_steps, eta=a.eta)

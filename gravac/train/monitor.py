@@ -1,0 +1,132 @@
+"""Run monitoring on rank 0: a JSON-lines metrics file, TensorBoard events and a tqdm bar.
+
+Other ranks get a logger whose methods do nothing, so the loop calls it unconditionally.
+
+Example::
+
+    log = RunLogger(run_dir, enabled=(rank == 0), total_steps=1000, progress="auto")
+    log.record({"kind": "step", "step": 3, "loss": 2.1, ...})   # JSONL + TensorBoard
+    log.progress(step=3, loss=2.1, cf=20.0, samples_per_sec=800.0)
+    log.close()
+"""
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+METRICS = "metrics.jsonl"
+
+# Step fields shown in TensorBoard, grouped by panel.
+_STEP_SCALARS = {
+    "train/loss": "loss", "train/lr": "lr", "train/samples_per_sec": "samples_per_sec",
+    "compression/cf_sent": "cf", "compression/theta_min": "theta_min",
+    "compression/theta_c": "theta_c", "compression/gain_min": "gain_min",
+    "compression/gain_c": "gain_c", "compression/delta_min": "delta_min",
+    "compression/delta_c": "delta_c",
+    "traffic/floats_sent": "floats_sent", "traffic/cum_floats_sent": "cum_floats_sent",
+    "traffic/dense_floats": "dense_floats", "traffic/cum_dense_floats": "cum_dense_floats",
+    "time/compute": "t_compute", "time/compress": "t_compress", "time/communicate": "t_comm",
+    "time/step": "t_iter",
+}
+
+
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+class RunLogger:
+    """Writes ``metrics.jsonl`` and TensorBoard events under ``run_dir`` (rank 0 only)."""
+
+    def __init__(self, run_dir, enabled: bool, total_steps: int, progress: str = "auto",
+                 initial_step: int = 0):
+        self.enabled = enabled
+        self._bar = None
+        self._writer = None
+        self._file = None
+        if not enabled:
+            return
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._file = open(self.run_dir / METRICS, "a", encoding="utf-8")
+        from tensorboardX import SummaryWriter
+
+        self._writer = SummaryWriter(logdir=str(self.run_dir / "tensorboard"))
+        show = progress == "always" or (progress == "auto" and sys.stderr.isatty())
+        if show:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=total_steps, initial=initial_step, unit="step",
+                             dynamic_ncols=True)
+
+    def record(self, entry: dict) -> None:
+        """Append one record to the metrics file and mirror its numbers to TensorBoard."""
+        if not self.enabled:
+            return
+        self._file.write(json.dumps(entry, default=float) + "\n")
+        self._file.flush()
+        step = entry.get("step", 0)
+        kind = entry.get("kind")
+        if kind == "step":
+            for tag, key in _STEP_SCALARS.items():
+                if _finite(entry.get(key)):
+                    self._writer.add_scalar(tag, entry[key], step)
+        elif kind == "eval":
+            for key, value in entry.items():
+                if key not in ("kind", "step", "time") and _finite(value):
+                    self._writer.add_scalar(f"eval/{key}", value, step)
+        elif kind == "window":
+            for key in ("theta_min", "theta_c", "delta_min", "delta_c"):
+                if _finite(entry.get(key)):
+                    self._writer.add_scalar(f"gravac/{key}", entry[key], step)
+            for cf, value in (entry.get("table") or {}).items():
+                if _finite(value):
+                    self._writer.add_scalar(f"gravac/compression_throughput/cf_{float(cf):g}",
+                                            value, step)
+            self._writer.add_scalar("gravac/settled", float(bool(entry.get("settled"))), step)
+
+    def progress(self, step: int, **fields) -> None:
+        if self._bar is None:
+            return
+        self._bar.n = step
+        self._bar.set_postfix({k: (f"{v:.4g}" if _finite(v) else v) for k, v in fields.items()},
+                              refresh=False)
+        self._bar.refresh()
+
+    def message(self, text: str) -> None:
+        """A line for the user (through tqdm when the bar is shown)."""
+        if not self.enabled:
+            return
+        if self._bar is not None:
+            self._bar.write(text)
+        else:
+            print(text, flush=True)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+        if self._writer is not None:
+            self._writer.close()
+        if self._file is not None:
+            self._file.close()
+        self._bar = self._writer = self._file = None
+
+
+def truncate_metrics(run_dir, step: int) -> None:
+    """Drop records after ``step`` (a resumed run re-logs them), atomically."""
+    from .atomic import atomic_write_text
+
+    path = Path(run_dir) / METRICS
+    if not path.is_file():
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue          # a line cut by a crash
+        if entry.get("kind") == "run_end" or entry.get("step", 0) > step:
+            continue
+        kept.append(line)
+    atomic_write_text(path, "".join(f"{line}\n" for line in kept))

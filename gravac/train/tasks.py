@@ -1,0 +1,229 @@
+"""Workloads: the model, this rank's training batches and the evaluation, per data set.
+
+``build_task(cfg, rank, world_size)`` returns an ``ImageTask`` (digits, CIFAR-10/100,
+synthetic images; top-1/top-5 accuracy) or a ``LanguageTask`` (PTB, synthetic text;
+perplexity). Both expose the same small surface, so the training loop does not care:
+
+    task.model, task.metric, task.steps_per_epoch
+    task.batches(epoch, start_batch)    -> iterator of (inputs, targets) for this rank
+    task.loss(batch)                    -> training loss (LM: carries the hidden state)
+    task.evaluate(max_batches)          -> {"loss": ..., "top1"/"perplexity": ...}; collective
+    task.state_dict() / load_state_dict(state)
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from . import data as D
+from .config import Config, ConfigError
+from .models import build_model, detach_hidden
+
+DATA_OPTIONS = {
+    "digits": {"test_fraction": 0.2},
+    "cifar10": {},
+    "cifar100": {},
+    "synthetic_images": {"num_train": 2048, "num_test": 512, "num_classes": 10,
+                         "image_size": 32, "noise_std": 40.0},
+    "ptb": {},
+    "synthetic_text": {"num_tokens": 200_000, "valid_tokens": 20_000, "vocab_size": 1000,
+                       "branching": 4},
+}
+
+
+def data_options(cfg: Config) -> dict:
+    """``data.options`` over the data set's defaults; unknown options are config errors."""
+    defaults = DATA_OPTIONS[cfg.data.name]
+    unknown = sorted(set(cfg.data.options) - set(defaults))
+    if unknown:
+        raise ConfigError(f"data.options={cfg.data.options!r}: unknown option(s) {unknown} for "
+                          f"{cfg.data.name}; allowed: {', '.join(defaults) or 'none'}")
+    return {**defaults, **cfg.data.options}
+
+
+def _model(cfg: Config, **defaults):
+    options = {**defaults, **cfg.model.options}
+    try:
+        return build_model(cfg.model.name, **options)
+    except ValueError as exc:
+        raise ConfigError(f"model.options={cfg.model.options!r}: {exc}") from None
+
+
+def _allreduce_sums(values: list[float], name: str) -> list[float]:
+    import horovod.torch as hvd
+
+    total = hvd.allreduce(torch.tensor(values, dtype=torch.float64), op=hvd.Sum, name=name)
+    return total.tolist()
+
+
+class ImageTask:
+    """Image classification on in-memory tensors, each rank on its own shard."""
+
+    metric = "top1"
+
+    def __init__(self, cfg: Config, rank: int, world_size: int):
+        self.cfg, self.rank, self.world_size = cfg, rank, world_size
+        opts = data_options(cfg)
+        name, seed = cfg.data.name, cfg.run.seed
+        self.train_transform = self.eval_transform = None
+        if name == "digits":
+            self.train_x, self.train_y = D.load_digits_dataset(True, opts["test_fraction"], seed)
+            self.test_x, self.test_y = D.load_digits_dataset(False, opts["test_fraction"], seed)
+            num_classes, channels, size = 10, 1, 8
+        elif name in ("cifar10", "cifar100"):
+            try:
+                self.train_x, self.train_y = D.load_cifar(cfg.data.root, name, train=True)
+                self.test_x, self.test_y = D.load_cifar(cfg.data.root, name, train=False)
+            except FileNotFoundError as exc:
+                raise ConfigError(f"data.root={cfg.data.root!r}: {exc}") from None
+            num_classes, channels, size = (10 if name == "cifar10" else 100), 3, 32
+            # Each rank augments with its own generator: different crops per rank.
+            train_tf, self.eval_transform = D.cifar_transforms(name, seed=seed * 1009 + rank)
+            self.train_transform = train_tf if cfg.data.augment else self.eval_transform
+        else:  # synthetic_images
+            n_train, n_test = opts["num_train"], opts["num_test"]
+            num_classes, channels, size = opts["num_classes"], 3, opts["image_size"]
+            x, y = D.synthetic_images(n_train + n_test, num_classes, size, 3, seed=seed,
+                                      noise_std=opts["noise_std"])
+            self.train_x, self.train_y = x[:n_train], y[:n_train]
+            self.test_x, self.test_y = x[n_train:], y[n_train:]
+            augment = D.CifarAugment(seed=seed * 1009 + rank)
+            self.eval_transform = D.Normalize()
+            self.train_transform = augment if cfg.data.augment else self.eval_transform
+        self.num_classes = num_classes
+        defaults = {"num_classes": num_classes}
+        if cfg.model.name == "small_cnn":
+            defaults.update(in_channels=channels, image_size=size)
+        elif cfg.model.name in ("resnet18", "resnet50", "resnet101", "vgg16"):
+            defaults.update(in_channels=channels)
+        self.model = _model(cfg, **defaults)
+        self.sampler = D.ShardedSampler(len(self.train_y), rank, world_size, shuffle=True, seed=seed)
+        self.batch_size = cfg.data.batch_size
+        self.steps_per_epoch = self.sampler.shard_size // self.batch_size
+        if self.steps_per_epoch < 1:
+            raise ConfigError(f"data.batch_size={self.batch_size}: larger than this rank's shard "
+                              f"of {self.sampler.shard_size} training samples")
+
+    def batches(self, epoch: int, start_batch: int = 0):
+        self.sampler.set_epoch(epoch)
+        self.sampler.set_start(start_batch * self.batch_size)
+        return iter(D.TensorBatches(self.train_x, self.train_y, self.batch_size, self.sampler,
+                                    transform=self.train_transform, drop_last=True))
+
+    def loss(self, batch) -> torch.Tensor:
+        x, y = batch
+        return F.cross_entropy(self.model(x), y)
+
+    @torch.no_grad()
+    def evaluate(self, max_batches: int | None = None) -> dict:
+        """Top-1/top-5 accuracy and loss over the test set, sharded across ranks."""
+        was_training = self.model.training
+        self.model.eval()
+        idx = torch.arange(self.rank, len(self.test_y), self.world_size)
+        bs = self.cfg.data.eval_batch_size
+        correct1 = correct5 = loss_sum = count = 0.0
+        for b, start in enumerate(range(0, len(idx), bs)):
+            if max_batches is not None and b >= max_batches:
+                break
+            sel = idx[start:start + bs]
+            x, y = self.test_x[sel], self.test_y[sel]
+            if self.eval_transform is not None:
+                x = self.eval_transform(x)
+            logits = self.model(x)
+            loss_sum += float(F.cross_entropy(logits, y, reduction="sum"))
+            top = logits.topk(min(5, self.num_classes), dim=1).indices
+            correct1 += float((top[:, 0] == y).sum())
+            correct5 += float((top == y[:, None]).any(1).sum())
+            count += len(y)
+        self.model.train(was_training)
+        correct1, correct5, loss_sum, count = _allreduce_sums(
+            [correct1, correct5, loss_sum, count], "gravac.eval.image")
+        count = max(count, 1.0)
+        return {"loss": loss_sum / count, "top1": correct1 / count, "top5": correct5 / count}
+
+    def state_dict(self) -> dict:
+        tf = self.train_transform
+        return {"augment": tf.state_dict() if hasattr(tf, "state_dict") else None}
+
+    def load_state_dict(self, state: dict) -> None:
+        tf = self.train_transform
+        if state.get("augment") is not None and hasattr(tf, "load_state_dict"):
+            tf.load_state_dict(state["augment"])
+
+
+class LanguageTask:
+    """Word-level language modelling with truncated BPTT; each rank on its own text."""
+
+    metric = "perplexity"
+
+    def __init__(self, cfg: Config, rank: int, world_size: int):
+        self.cfg, self.rank, self.world_size = cfg, rank, world_size
+        opts = data_options(cfg)
+        if cfg.data.name == "ptb":
+            try:
+                corpus = D.load_ptb(cfg.data.root)
+            except FileNotFoundError as exc:
+                raise ConfigError(f"data.root={cfg.data.root!r}: {exc}") from None
+            train, valid, vocab = corpus.train, corpus.valid, len(corpus.dictionary)
+        else:
+            vocab = opts["vocab_size"]
+            tokens = D.synthetic_text(opts["num_tokens"] + opts["valid_tokens"], vocab,
+                                      seed=cfg.run.seed, branching=opts["branching"])
+            train, valid = tokens[:opts["num_tokens"]], tokens[opts["num_tokens"]:]
+        self.vocab_size = vocab
+        self.model = _model(cfg, vocab_size=vocab)
+        self.bptt = cfg.data.bptt
+        self.batch_size = cfg.data.batch_size
+        self.train_data = D.batchify(D.shard_tokens(train, rank, world_size), self.batch_size)
+        self.valid_data = D.batchify(D.shard_tokens(valid, rank, world_size),
+                                     cfg.data.eval_batch_size)
+        self.steps_per_epoch = math.ceil((self.train_data.size(0) - 1) / self.bptt)
+        if self.steps_per_epoch < 1:
+            raise ConfigError(f"data.batch_size={self.batch_size}: too large for this rank's "
+                              f"share of {len(train)} training tokens")
+        self.hidden = None
+
+    def batches(self, epoch: int, start_batch: int = 0):
+        if start_batch == 0:
+            self.hidden = None   # a new pass over the text starts from a zero state
+        for i in range(start_batch * self.bptt, self.train_data.size(0) - 1, self.bptt):
+            yield D.get_bptt_batch(self.train_data, i, self.bptt)
+
+    def loss(self, batch) -> torch.Tensor:
+        inputs, targets = batch
+        hidden = None if self.hidden is None else detach_hidden(self.hidden)
+        logits, self.hidden = self.model(inputs, hidden)
+        return F.cross_entropy(logits, targets)
+
+    @torch.no_grad()
+    def evaluate(self, max_batches: int | None = None) -> dict:
+        """Perplexity over the validation text, sharded across ranks."""
+        was_training = self.model.training
+        self.model.eval()
+        hidden, loss_sum, count = None, 0.0, 0.0
+        for b, i in enumerate(range(0, self.valid_data.size(0) - 1, self.bptt)):
+            if max_batches is not None and b >= max_batches:
+                break
+            inputs, targets = D.get_bptt_batch(self.valid_data, i, self.bptt)
+            logits, hidden = self.model(inputs, hidden)
+            loss_sum += float(F.cross_entropy(logits, targets, reduction="sum"))
+            count += targets.numel()
+        self.model.train(was_training)
+        loss_sum, count = _allreduce_sums([loss_sum, count], "gravac.eval.lm")
+        loss = loss_sum / max(count, 1.0)
+        return {"loss": loss, "perplexity": math.exp(min(loss, 50.0))}
+
+    def state_dict(self) -> dict:
+        return {"hidden": None if self.hidden is None else tuple(h.clone() for h in self.hidden)}
+
+    def load_state_dict(self, state: dict) -> None:
+        hidden = state.get("hidden")
+        self.hidden = None if hidden is None else tuple(hidden)
+
+
+def build_task(cfg: Config, rank: int, world_size: int):
+    if cfg.data.name in ("ptb", "synthetic_text"):
+        return LanguageTask(cfg, rank, world_size)
+    return ImageTask(cfg, rank, world_size)

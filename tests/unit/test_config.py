@@ -1,0 +1,90 @@
+"""Config loading: merging, --set overrides, typed validation, one-line errors."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gravac.train.config import ConfigError, load_config, parse_override
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _write(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_later_files_and_set_override_earlier(tmp_path):
+    a = _write(tmp_path, "a.yaml", "run: {steps: 10, seed: 1}\noptimizer: {lr: 0.1, momentum: 0.5}\n")
+    b = _write(tmp_path, "b.yaml", "optimizer: {lr: 0.2}\ncompression: {controller: gravac, gravac: {window: 7}}\n")
+    cfg = load_config([a, b], ["optimizer.momentum=0.8", "compression.gravac.epsilon=0.9",
+                               "optimizer.lr_milestones=[5, 8]"])
+    assert cfg.run.steps == 10 and cfg.run.seed == 1
+    assert cfg.optimizer.lr == 0.2 and cfg.optimizer.momentum == 0.8
+    assert cfg.optimizer.lr_milestones == [5, 8]
+    assert cfg.compression.gravac.window == 7 and cfg.compression.gravac.epsilon == 0.9
+    assert cfg.compression.gravac.theta_max == 1000          # default kept
+    assert cfg.run.name == "small_cnn-digits-gravac"          # name from placeholders
+
+
+def test_set_parses_yaml_values_without_eval():
+    assert parse_override("a.b=1e-4") == {"a": {"b": "1e-4"}}   # coerced to float later
+    assert parse_override("x=__import__('os')") == {"x": "__import__('os')"}
+    assert parse_override("x=null") == {"x": None}
+    with pytest.raises(ConfigError, match="KEY=VALUE"):
+        parse_override("run.steps")
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["run.stpes=3"], "unknown key 'run.stpes'; known keys of run: name, tag, output_dir"),
+    (["run.steps=abc"], "run.steps='abc': expected an int or null"),
+    (["run.steps=0"], "run.steps=0: must be >= 1"),
+    (["run.steps=5", "run.epochs=2"], "set exactly one of run.steps and run.epochs"),
+    (["run.steps=5", "optimizer.lr=-1"], r"optimizer.lr=-1.0: must be > 0"),
+    (["run.steps=5", "optimizer.momentum=1.5"], r"optimizer.momentum=1.5: must be in \[0, 1\)"),
+    (["run.steps=5", "data.name=imagenet"], "data.name='imagenet': must be one of digits, cifar10"),
+    (["run.steps=5", "compression.controller=magic"], "compression.controller='magic': must be one of"),
+    (["run.steps=5", "compression.compressor=top_k"], "unknown compressor 'top_k'; known compressors"),
+    (["run.steps=5", "compression.controller=gravac", "compression.gravac.omega=-1"],
+     "compression.gravac: GraVAC.omega=-1.0.: omega must be a number >= 0"),
+    (["run.steps=5", "compression.controller=static", "compression.cf=0.5"],
+     r"compression.static: cf=0.5: must be a number >= 1"),
+    (["run.steps=5", "compression.horovod_compression=fp16"], "applies to compression.controller=dense"),
+    (["run.steps=5", "model.name=lstm"], "does not fit data.name='digits'"),
+    (["run.steps=5", "data.name=cifar10", "model.name=resnet18"], "data.root=None: must point at"),
+    (["run.steps=5", "nonsense.key=1"], "unknown key 'nonsense'; known keys: run, model, data"),
+    (["run.steps=5", "optimizer.lr_milestones=[9, 3]"], "must be increasing"),
+    (["run.steps=5", 'run.name="x-{modle}"'], "placeholders may only be"),
+])
+def test_errors_name_key_value_and_what_is_allowed(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config([], overrides)
+
+
+def test_missing_and_malformed_files(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_config([tmp_path / "nope.yaml"])
+    bad = _write(tmp_path, "bad.yaml", "run: [1, 2\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config([bad])
+    scalar = _write(tmp_path, "s.yaml", "42\n")
+    with pytest.raises(ConfigError, match="must hold a mapping"):
+        load_config([scalar])
+
+
+def test_cli_config_error_exits_2_with_one_line():
+    proc = subprocess.run([sys.executable, "train.py", "--config", "configs/demo.yaml",
+                           "--set", "optimizer.lr=fast"], cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("config error: optimizer.lr='fast'")
+
+
+def test_cli_help_explains_every_option():
+    proc = subprocess.run([sys.executable, "train.py", "--help"], cwd=REPO,
+                          capture_output=True, text=True)
+    assert proc.returncode == 0
+    for option in ("--config", "--set", "--dry-run", "--resume"):
+        assert option in proc.stdout
