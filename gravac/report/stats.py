@@ -1,0 +1,219 @@
+"""Numbers derived from runs: summary row values, CF shares, compression throughput.
+
+Example::
+
+    base, run = load_run("runs/dense"), load_run("runs/gravac")
+    row = summarize(run, baseline=base)
+    print(row.speedup, row.comm_saving, cf_shares(run))
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from .load import Run
+
+# What the trainer reports as gained by each kind of send: "gain" of a dense send is 1.
+_GAIN_FIELD = {"candidate": "gain_c", "min": "gain_min"}
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """One row of the report's summary table (``None`` where the run lacks the data).
+
+    ``compared_at`` is the step at which speedup and communication saving were taken
+    when the run and the baseline differ in length (else None); ``not_comparable``
+    says why they were left out (e.g. a different model than the baseline's).
+    """
+
+    label: str
+    controller: str
+    compressor: str
+    metric: str
+    steps: int | None
+    wall_time: float | None
+    final_metric: float | None
+    best_metric: float | None
+    mean_samples_per_sec: float | None
+    floats_vs_dense: float | None
+    speedup: float | None = None
+    comm_saving: float | None = None
+    compared_at: int | None = None
+    not_comparable: str | None = None
+
+
+def summarize(run: Run, baseline: Run | None = None) -> RunSummary:
+    """The summary-table row of ``run``, with speedup/saving vs ``baseline`` when given.
+
+    Example::
+
+        row = summarize(load_run("runs/gravac"), baseline=load_run("runs/dense"))
+    """
+    _, _, values = run.eval_series()
+    finite = [v for v in values if not math.isnan(v)]
+    best = (min(finite) if run.lower_is_better else max(finite)) if finite else None
+    _, rates = run.series("samples_per_sec")
+    row = RunSummary(
+        label=run.label, controller=run.controller, compressor=run.compressor,
+        metric=run.metric, steps=run.final_step, wall_time=run.wall_time,
+        final_metric=values[-1] if values else None, best_metric=best,
+        mean_samples_per_sec=float(np.mean(rates)) if rates else None,
+        floats_vs_dense=floats_vs_dense(run))
+    if baseline is None:
+        return row
+    reason = incomparable(run, baseline)
+    if reason is not None:
+        return replace(row, not_comparable=reason)
+    # Runs of different lengths are compared at the last step both reached: say so.
+    differ = run.final_step != baseline.final_step
+    return replace(row, speedup=speedup(run, baseline), comm_saving=comm_saving(run, baseline),
+                   compared_at=comparison_step(run, baseline) if differ else None)
+
+
+def floats_vs_dense(run: Run) -> float | None:
+    """Last cum_floats_sent / last cum_dense_floats: the share of dense traffic sent."""
+    for rec in reversed(run.steps):
+        sent, dense = rec.get("cum_floats_sent"), rec.get("cum_dense_floats")
+        if sent is not None and dense is not None:
+            return sent / dense if dense > 0 else None
+    return None
+
+
+def incomparable(run: Run, baseline: Run) -> str | None:
+    """Why ``run`` cannot be timed against ``baseline`` (different model or data), or None."""
+    for what in ("model", "dataset"):
+        mine, theirs = getattr(run, what), getattr(baseline, what)
+        if mine and theirs and mine != theirs:
+            return f"{what} {mine} differs from the baseline's {theirs}"
+    return None
+
+
+def comparison_step(run: Run, baseline: Run) -> int | None:
+    """The largest step both runs reached (their final steps' minimum)."""
+    if run.final_step is None or baseline.final_step is None:
+        return None
+    return min(run.final_step, baseline.final_step)
+
+
+def time_at_step(run: Run, step: int) -> float | None:
+    """Wall-clock seconds at ``step``: the run's wall time at its final step, else linearly
+    interpolated between logged step lines (exact at a logged step)."""
+    if step == run.final_step:
+        return run.wall_time
+    points = [(r["step"], r["time"]) for r in run.steps if r.get("time") is not None]
+    if run.end is not None and run.end.get("time") is not None:
+        points.append((run.end["step"], run.end["time"]))
+    return _interp(points, step)
+
+
+def floats_at_step(run: Run, step: int) -> float | None:
+    """cum_floats_sent at ``step`` (exact at a logged step, interpolated between them)."""
+    return _interp([(r["step"], r["cum_floats_sent"]) for r in run.steps
+                    if r.get("cum_floats_sent") is not None], step)
+
+
+def _interp(points: list[tuple[int, float]], step: int) -> float | None:
+    # Step lines may be logged only every few steps: interpolating between the neighbours
+    # is the best estimate in between; np.interp holds the end values beyond the ends.
+    if not points:
+        return None
+    points.sort()
+    xs, ys = zip(*points)
+    return float(np.interp(step, xs, ys))
+
+
+def speedup(run: Run, baseline: Run) -> float | None:
+    """Baseline wall time / run wall time over the same number of steps.
+
+    Runs of equal length compare wall times; otherwise both are timed at the largest step
+    both reached.
+
+    Example::
+
+        speedup(load_run("runs/gravac"), load_run("runs/dense"))  # e.g. 2.5
+    """
+    if run.final_step == baseline.final_step:
+        mine, theirs = run.wall_time, baseline.wall_time
+    else:
+        step = comparison_step(run, baseline)
+        if step is None:
+            return None
+        mine, theirs = time_at_step(run, step), time_at_step(baseline, step)
+    return _ratio(theirs, mine)
+
+
+def comm_saving(run: Run, baseline: Run) -> float | None:
+    """Baseline cum_floats_sent / run cum_floats_sent at the last step both reached.
+
+    Example::
+
+        comm_saving(load_run("runs/gravac"), load_run("runs/dense"))  # e.g. 13.3
+    """
+    if run.final_step == baseline.final_step:
+        mine, theirs = _last(run, "cum_floats_sent"), _last(baseline, "cum_floats_sent")
+    else:
+        step = comparison_step(run, baseline)
+        if step is None:
+            return None
+        mine, theirs = floats_at_step(run, step), floats_at_step(baseline, step)
+    return _ratio(theirs, mine)
+
+
+def _last(run: Run, key: str) -> float | None:
+    _, values = run.series(key)
+    return values[-1] if values else None
+
+
+def _ratio(num: float | None, den: float | None) -> float | None:
+    if num is None or den is None or den <= 0 or math.isnan(num) or math.isnan(den):
+        return None
+    return num / den
+
+
+def step_cf(rec: dict) -> float | None:
+    """The CF a step line sent at (a dense send is CF 1 even when ``cf`` is missing)."""
+    if rec.get("sent") == "dense":
+        return 1.0
+    return rec.get("cf")
+
+
+def cf_shares(run: Run) -> dict[float, float]:
+    """Share of the logged step lines spent at each CF, sorted by CF.
+
+    Steps that were not logged cannot be counted, so this is over the logged lines.
+
+    Example::
+
+        cf_shares(run)  # {10.0: 0.5, 20.0: 0.5}
+    """
+    cfs = [cf for cf in map(step_cf, run.steps) if cf is not None]
+    counts: dict[float, int] = {}
+    for cf in cfs:
+        counts[cf] = counts.get(cf, 0) + 1
+    return {cf: counts[cf] / len(cfs) for cf in sorted(counts)}
+
+
+def compression_throughput(run: Run) -> dict[float, float]:
+    """Compression throughput (samples/s x gain) per CF, sorted by CF.
+
+    From the last window record's table when the run has one (GraVAC's own measurement);
+    otherwise the mean over step lines of samples_per_sec x the gain of what was sent
+    (gain_c for "candidate", gain_min for "min", 1 for "dense"; a missing gain counts 1).
+
+    Example::
+
+        compression_throughput(run)  # {10.0: 1500.0, 20.0: 1800.0}
+    """
+    for window in reversed(run.windows):
+        if window["table"]:
+            return dict(sorted(window["table"].items()))
+    groups: dict[float, list[float]] = {}
+    for rec in run.steps:
+        cf, rate = step_cf(rec), rec.get("samples_per_sec")
+        if cf is None or rate is None:
+            continue
+        gain = rec.get(_GAIN_FIELD.get(rec.get("sent"), ""))
+        groups.setdefault(cf, []).append(rate * (1.0 if gain is None else gain))
+    return {cf: float(np.mean(groups[cf])) for cf in sorted(groups)}

@@ -1,0 +1,113 @@
+"""The ``report.md`` text: runs, summary table, GraVAC decisions, embedded plots.
+
+Example::
+
+    runs = load_runs(["runs/dense", "runs/gravac"])
+    rows = [summarize(run, runs[0]) for run in runs]
+    text = render_markdown(runs, rows, baseline=runs[0], images=[], out_dir="report")
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Sequence
+
+from .load import Run
+from .plots import PLOTS, metric_title
+from .stats import RunSummary
+
+DASH = "—"  # a value the run did not log
+
+
+def _cell(text: object) -> str:
+    # A '|' inside a cell would split the markdown table row.
+    return str(text).replace("|", "\\|")
+
+
+def _num(value: float | None, fmt: str, suffix: str = "") -> str:
+    return DASH if value is None else f"{value:{fmt}}{suffix}"
+
+
+def format_metric(metric: str, value: float | None) -> str:
+    """Perplexity with 2 decimals, accuracies (fractions) and others with 4."""
+    return _num(value, ".2f" if metric == "perplexity" else ".4f")
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
+    return lines
+
+
+def summary_table(rows: Sequence[RunSummary], baseline: Run | None) -> list[str]:
+    """Markdown lines of the summary table, plus footnotes on baseline comparisons."""
+    header = ["Run", "Controller", "Compressor", "Steps", "Wall time (s)", "Metric",
+              "Final", "Best", "Mean samples/s", "Floats sent vs dense"]
+    if baseline is not None:
+        header += ["Speedup vs baseline", "Comm. saving vs baseline"]
+    body, notes = [], []
+    for row in rows:
+        cells = [row.label, row.controller, row.compressor, _num(row.steps, "d"),
+                 _num(row.wall_time, ".1f"), row.metric,
+                 format_metric(row.metric, row.final_metric),
+                 format_metric(row.metric, row.best_metric),
+                 _num(row.mean_samples_per_sec, ".1f"), _num(row.floats_vs_dense, ".4f")]
+        if baseline is not None:
+            cells += [_num(row.speedup, ".2f", "x"), _num(row.comm_saving, ".2f", "x")]
+            if row.not_comparable:
+                notes.append(f"- {_cell(row.label)}: not compared with the baseline "
+                             f"({row.not_comparable}).")
+            elif row.compared_at is not None:
+                notes.append(f"- {_cell(row.label)}: compared with the baseline at step "
+                             f"{row.compared_at}, the last step both runs reached.")
+        body.append(cells)
+    lines = _table(header, body)
+    if notes:
+        lines += [""] + notes
+    return lines
+
+
+def decisions_section(run: Run) -> list[str]:
+    """Markdown lines listing a GraVAC run's window records."""
+    lines = [f"### {run.label}", ""]
+    if not run.windows:
+        return lines + ["No window records logged.", ""]
+    rows = [[str(w["step"]), _num(w.get("theta_min"), "g"), _num(w.get("theta_c"), "g"),
+             _num(w.get("delta_min"), ".4g"), _num(w.get("delta_c"), ".4g"),
+             DASH if w.get("settled") is None else ("yes" if w["settled"] else "no")]
+            for w in run.windows]
+    return lines + _table(["Step", "θmin", "θc", "δmin", "δc", "Settled"], rows) + [""]
+
+
+def render_markdown(runs: Sequence[Run], rows: Sequence[RunSummary], baseline: Run | None,
+                    images: Sequence[str | os.PathLike], out_dir: str | os.PathLike) -> str:
+    """The whole report.md text; ``images`` are linked relative to ``out_dir``.
+
+    Example::
+
+        text = render_markdown(runs, rows, None, ["report/cf_vs_step.png"], "report")
+    """
+    lines = ["# GraVAC training report", "", "## Runs", ""]
+    for run in runs:
+        what = ", ".join(str(v) for v in (run.controller, run.compressor, run.model,
+                                          run.dataset) if v)
+        lines.append(f"- **{run.label}** ({what}, metric: {metric_title(run.metric)}): "
+                     f"`{run.directory}`")
+    lines.append("")
+    if baseline is not None:
+        lines += [f"Baseline: **{baseline.label}** (`{baseline.directory}`). Speedup is "
+                  "baseline wall time / run wall time over the same steps; communication "
+                  "saving is baseline floats sent / run floats sent.", ""]
+    lines += ["## Summary", ""] + summary_table(rows, baseline) + [""]
+    gravac_runs = [run for run in runs if run.is_gravac]
+    if gravac_runs:
+        lines += ["## GraVAC decisions", ""]
+        for run in gravac_runs:
+            lines += decisions_section(run)
+    lines += ["## Plots", ""]
+    captions = {name: caption for name, (_, caption) in PLOTS.items()}
+    for image in images:
+        rel = Path(os.path.relpath(image, out_dir)).as_posix()
+        caption = captions.get(Path(image).name, Path(image).stem)
+        lines += [f"### {caption}", "", f"![{caption}]({rel})", ""]
+    return "\n".join(lines)

@@ -1,0 +1,294 @@
+"""gravac.report: reading fake run directories, the summary numbers, plots and the CLI."""
+import json
+
+import pytest
+
+from gravac.report import (PLOTS, RunLoadError, build_report, cf_shares,
+                           compression_throughput, load_run)
+from gravac.report.__main__ import main
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+PNG_NAMES = ["metric_vs_step.png", "metric_vs_time.png", "loss_vs_step.png",
+             "cf_vs_step.png", "cf_density.png", "compression_throughput.png",
+             "floats_sent.png"]
+LOGGED = range(9, 100, 10)  # step lines every 10 steps: 9, 19, ..., 99
+
+# --------------------------------------------------------------------- fake run dirs
+
+
+def write_run(path, records, trailer="\n"):
+    path.mkdir(parents=True)
+    text = "\n".join(json.dumps(r) for r in records) + trailer
+    (path / "metrics.jsonl").write_text(text)
+    return path
+
+
+def start(name, controller, model="resnet101", dataset="cifar10", metric="top1"):
+    return {"kind": "run_start", "name": name, "time": 0.0, "world_size": 2,
+            "controller": controller, "compressor": "none" if controller == "dense" else "topk",
+            "model": model, "dataset": dataset, "batch_size": 32, "metric": metric}
+
+
+def step(k, time, cf, sent, cum, cum_dense, rate=1000.0, theta_min=None, theta_c=None,
+         gain_min=None, gain_c=None, dense=1000):
+    return {"kind": "step", "step": k, "epoch": 0, "time": time, "loss": 3.0 - k / 50,
+            "lr": 0.1, "cf": cf, "sent": sent, "theta_min": theta_min, "theta_c": theta_c,
+            "gain_min": gain_min, "gain_c": gain_c, "floats_sent": dense / cf,
+            "cum_floats_sent": cum, "dense_floats": dense, "cum_dense_floats": cum_dense,
+            "t_compute": 0.01, "t_compress": 0.002, "t_comm": 0.003, "t_iter": 0.02,
+            "samples_per_sec": rate}
+
+
+def top1(k, time, acc):
+    return {"kind": "eval", "step": k, "time": time, "loss": 1.0, "top1": acc, "top5": 0.9}
+
+
+def dense_run(path):
+    """100 steps, 2 s each (step k ends at 2(k+1) s), 1000 floats a step; 205 s wall."""
+    steps = [step(k, 2.0 * (k + 1), 1.0, "dense", 1000.0 * (k + 1), 1000.0 * (k + 1))
+             for k in LOGGED]
+    evals = [top1(39, 81.0, 0.55), top1(69, 141.0, 0.62), top1(99, 201.0, 0.60)]
+    return write_run(path, [start("resnet-dense", "dense"), *steps, *evals,
+                            {"kind": "run_end", "step": 100, "time": 205.0}])
+
+
+def gravac_cum(k):
+    # Steps 0..49 at CF 10 (100 floats each), then CF 20 (50 floats each).
+    return 100.0 * (k + 1) if k < 50 else 5000.0 + 50.0 * (k - 49)
+
+
+def gravac_run(path):
+    """CF 10 ("min") then 20 ("candidate"); 82 s wall; 7500 of 100000 floats sent."""
+    steps = []
+    for n, k in enumerate(LOGGED):
+        cf, sent = (10.0, "min") if k < 50 else (20.0, "candidate")
+        steps.append(step(k, 0.8 * (k + 1), cf, sent, gravac_cum(k), 1000.0 * (k + 1),
+                          rate=2000.0 if n % 2 else 2400.0, theta_min=10.0, theta_c=20.0,
+                          gain_min=0.9, gain_c=0.8))
+    windows = [
+        {"kind": "window", "step": 49, "time": 40.0, "theta_min": 10.0, "theta_c": 20.0,
+         "delta_min": 0.9, "delta_c": 0.8, "table": {"10.0": 900.0, "20.0": 1500.0},
+         "settled": False},
+        {"kind": "window", "step": 99, "time": 80.0, "theta_min": 20.0, "theta_c": 40.0,
+         "delta_min": 0.85, "delta_c": 0.6,
+         "table": {"10.0": 950.0, "20.0": 1600.0, "40.0": 1200.0}, "settled": True},
+    ]
+    evals = [top1(49, 41.0, 0.50), top1(99, 81.0, 0.58), top1(79, 65.0, 0.59)]
+    return write_run(path, [start("resnet-gravac", "gravac"), *steps, *windows, *evals,
+                            {"kind": "run_end", "step": 100, "time": 82.0}])
+
+
+def static_run(path):
+    """Static CF 100, stopped after step 79 (no run_end): 0.5 s a step, 10 floats a step."""
+    steps = [step(k, 0.5 * (k + 1), 100.0, "candidate", 10.0 * (k + 1), 1000.0 * (k + 1),
+                  rate=4000.0) for k in LOGGED if k <= 79]
+    evals = [top1(39, 20.5, 0.40), top1(79, 39.0, 0.45)]
+    return write_run(path, [start("resnet-static", "static"), *steps, *evals])
+
+
+def lstm_run(path):
+    """LSTM with perplexity; CF 10 ("min", gain 0.5) and 20 ("candidate", gain missing)."""
+    steps = []
+    for n, k in enumerate(LOGGED):
+        cf, sent = (10.0, "min") if n % 2 else (20.0, "candidate")
+        steps.append(step(k, 1.0 * (k + 1), cf, sent, 75.0 * (k + 1), 1000.0 * (k + 1),
+                          rate=100.0 * (n + 1), theta_min=10.0, theta_c=20.0,
+                          gain_min=0.5, gain_c=None))
+    evals = [{"kind": "eval", "step": k, "time": k + 1.5, "loss": 4.5, "perplexity": ppl}
+             for k, ppl in ((29, 150.0), (59, 120.0), (99, 125.0))]
+    return write_run(path, [start("lstm-gravac", "gravac", "lstm", "ptb", "perplexity"),
+                            *steps, *evals, {"kind": "run_end", "step": 100, "time": 101.0}])
+
+
+def table_rows(markdown):
+    """{run name: {column: cell}} of the first markdown table after '## Summary'."""
+    lines = markdown.split("## Summary", 1)[1].strip().splitlines()
+    split = lambda line: [c.strip() for c in line.strip().strip("|").split("|")]  # noqa: E731
+    header = split(lines[0])
+    rows = {}
+    for line in lines[2:]:
+        if not line.startswith("|"):
+            break
+        cells = dict(zip(header, split(line)))
+        rows[cells["Run"]] = cells
+    return rows
+
+
+def assert_png(path):
+    data = path.read_bytes()
+    assert data.startswith(PNG_SIGNATURE), path
+    assert len(data) > 5000, (path, len(data))
+
+
+@pytest.fixture(scope="module")
+def four_runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("runs")
+    dirs = [gravac_run(root / "gravac"), static_run(root / "static"),
+            dense_run(root / "dense"), lstm_run(root / "lstm")]
+    out = root / "out"
+    report = build_report(dirs, out_dir=out)
+    return dirs, out, report.read_text()
+
+
+# ----------------------------------------------------------------------- full report
+
+
+def test_all_plots_written_as_png(four_runs):
+    _, out, _ = four_runs
+    assert sorted(PLOTS) == sorted(PNG_NAMES)
+    for name in PNG_NAMES:
+        assert_png(out / name)
+    assert sorted(p.name for p in out.iterdir()) == sorted(PNG_NAMES + ["report.md"])
+
+
+def test_summary_rows_have_exact_numbers(four_runs):
+    _, _, text = four_runs
+    rows = table_rows(text)
+    assert list(rows) == ["resnet-gravac", "resnet-static", "resnet-dense", "lstm-gravac"]
+
+    g = rows["resnet-gravac"]
+    assert (g["Controller"], g["Compressor"], g["Steps"]) == ("gravac", "topk", "100")
+    assert g["Wall time (s)"] == "82.0"
+    assert (g["Metric"], g["Final"], g["Best"]) == ("top1", "0.5800", "0.5900")
+    assert g["Mean samples/s"] == "2200.0"
+    assert g["Floats sent vs dense"] == "0.0750"          # 7500 / 100000
+    assert g["Speedup vs baseline"] == "2.50x"            # 205 s / 82 s
+    assert g["Comm. saving vs baseline"] == "13.33x"      # 100000 / 7500
+
+    s = rows["resnet-static"]  # stopped at step 79: compared with the baseline there
+    assert (s["Steps"], s["Wall time (s)"]) == ("79", "40.0")
+    assert (s["Final"], s["Best"], s["Mean samples/s"]) == ("0.4500", "0.4500", "4000.0")
+    assert s["Floats sent vs dense"] == "0.0100"          # 800 / 80000
+    assert s["Speedup vs baseline"] == "4.00x"            # 160 s / 40 s at step 79
+    assert s["Comm. saving vs baseline"] == "100.00x"     # 80000 / 800 at step 79
+    assert "resnet-static: compared with the baseline at step 79" in text
+
+    d = rows["resnet-dense"]
+    assert (d["Steps"], d["Wall time (s)"], d["Final"], d["Best"]) == (
+        "100", "205.0", "0.6000", "0.6200")
+    assert d["Floats sent vs dense"] == "1.0000"
+    assert (d["Speedup vs baseline"], d["Comm. saving vs baseline"]) == ("1.00x", "1.00x")
+
+    lstm = rows["lstm-gravac"]  # a different model: no speedup against a ResNet baseline
+    assert (lstm["Metric"], lstm["Final"], lstm["Best"]) == ("perplexity", "125.00", "120.00")
+    assert lstm["Wall time (s)"] == "101.0"
+    assert lstm["Mean samples/s"] == "550.0"
+    assert lstm["Speedup vs baseline"] == lstm["Comm. saving vs baseline"] == "—"
+    assert "model lstm differs from the baseline's resnet101" in text
+
+
+def test_report_lists_runs_decisions_and_images(four_runs):
+    dirs, _, text = four_runs
+    assert text.startswith("# ")
+    for d in dirs:
+        assert f"`{d}`" in text
+    assert "Baseline: **resnet-dense**" in text
+    decisions = text.split("## GraVAC decisions", 1)[1].split("## Plots", 1)[0]
+    assert "### resnet-gravac" in decisions and "### lstm-gravac" in decisions
+    assert "### resnet-static" not in decisions
+    assert "| 49 | 10 | 20 | 0.9 | 0.8 | no |" in decisions
+    assert "| 99 | 20 | 40 | 0.85 | 0.6 | yes |" in decisions
+    assert "No window records logged." in decisions  # the LSTM run has none
+    for name in PNG_NAMES:
+        assert f"]({name})" in text
+
+
+# ------------------------------------------------------------------------ statistics
+
+
+def test_cf_shares_and_throughput(tmp_path):
+    gravac = load_run(gravac_run(tmp_path / "g"))
+    assert cf_shares(gravac) == {10.0: 0.5, 20.0: 0.5}
+    # From the last window's table.
+    assert compression_throughput(gravac) == {10.0: 950.0, 20.0: 1600.0, 40.0: 1200.0}
+    # No windows: mean of samples/s x gain; CF 10 ("min", gain 0.5) is logged at n = 1,
+    # 3, ..., 9 (rates 200, ..., 1000), CF 20 ("candidate", gain missing -> 1) at n = 0,
+    # 2, ..., 8 (rates 100, ..., 900).
+    lstm = load_run(lstm_run(tmp_path / "l"))
+    assert compression_throughput(lstm) == pytest.approx({10.0: 300.0, 20.0: 500.0})
+    dense = load_run(dense_run(tmp_path / "d"))
+    assert cf_shares(dense) == {1.0: 1.0}
+    assert compression_throughput(dense) == {1.0: 1000.0}
+
+
+def test_single_run_writes_into_its_directory(tmp_path):
+    run_dir = gravac_run(tmp_path / "gravac")
+    report = build_report([run_dir])
+    assert report == run_dir / "report.md"
+    for name in PNG_NAMES:
+        assert_png(run_dir / name)
+    rows = table_rows(report.read_text())
+    assert list(rows) == ["resnet-gravac"]
+    assert "Speedup vs baseline" not in rows["resnet-gravac"]  # no dense run, no baseline
+
+
+def test_metric_falls_back_to_eval_lines_and_partial_last_line(tmp_path):
+    records = [{k: v for k, v in start("x", "static").items() if k != "metric"},
+               step(9, 1.0, 10.0, "candidate", 10.0, 100.0), top1(9, 1.5, 0.3)]
+    run_dir = write_run(tmp_path / "x", records, trailer='\n{"kind": "step", "st')
+    run = load_run(run_dir)  # the cut-off last line of a killed run is skipped
+    assert run.metric == "top1" and len(run.steps) == 1
+    assert run.end is None and run.final_step == 9
+
+
+# ------------------------------------------------------------------------ bad input
+
+
+@pytest.mark.parametrize("content", [None, "", "\n\n"])
+def test_missing_or_empty_metrics_file_is_a_clear_error(tmp_path, content):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    if content is not None:
+        (run_dir / "metrics.jsonl").write_text(content)
+    out = tmp_path / "out"
+    with pytest.raises(RunLoadError, match="metrics.jsonl"):
+        build_report([dense_run(tmp_path / "dense"), run_dir], out_dir=out)
+    assert not out.exists()
+    assert sorted(p.name for p in run_dir.iterdir()) == (
+        [] if content is None else ["metrics.jsonl"])
+
+
+def test_cli_error_names_the_file_and_writes_nothing(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    with pytest.raises(SystemExit) as exc:
+        main([str(run_dir)])
+    assert exc.value.code == 2
+    assert str(run_dir / "metrics.jsonl") in capsys.readouterr().err
+    assert list(run_dir.iterdir()) == []
+
+
+@pytest.mark.parametrize("line, message", [
+    ('{"kind": "step", "step": 5, "loss": "high"}', "field 'loss' should be a number"),
+    ('{"kind": "step", "time": 1.0}', "integer 'step'"),
+    ("not json", "not valid JSON"),
+    ('{"kind": "window", "step": 5, "table": {"ten": 1.0}}', "not a CF number"),
+])
+def test_malformed_record_names_file_line_and_field(tmp_path, line, message):
+    run_dir = tmp_path / "bad"
+    run_dir.mkdir()
+    good = json.dumps(step(1, 1.0, 10.0, "min", 10.0, 100.0))
+    (run_dir / "metrics.jsonl").write_text(
+        json.dumps(start("bad", "static")) + "\n" + line + "\n" + good + "\n")
+    with pytest.raises(RunLoadError, match=message) as exc:
+        load_run(run_dir)
+    assert f"{run_dir / 'metrics.jsonl'}:2:" in str(exc.value)
+
+
+# ------------------------------------------------------------------------------- CLI
+
+
+def test_cli_with_explicit_baseline(tmp_path, capsys, monkeypatch):
+    gravac, static = gravac_run(tmp_path / "gravac"), static_run(tmp_path / "static")
+    dense = dense_run(tmp_path / "dense")
+    monkeypatch.chdir(tmp_path)  # several runs and no --out: ./report
+    assert main([str(gravac), str(static), "--baseline", str(dense), "--dpi", "50"]) == 0
+    assert "report.md" in capsys.readouterr().out
+    out = tmp_path / "report"
+    for name in PNG_NAMES:
+        assert (out / name).read_bytes().startswith(PNG_SIGNATURE)
+    rows = table_rows((out / "report.md").read_text())
+    # The baseline is not among the runs given: it is loaded and shown first.
+    assert list(rows) == ["resnet-dense", "resnet-gravac", "resnet-static"]
+    assert rows["resnet-gravac"]["Speedup vs baseline"] == "2.50x"
+    assert rows["resnet-static"]["Comm. saving vs baseline"] == "100.00x"
