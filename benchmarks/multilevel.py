@@ -21,14 +21,13 @@ Ratios are measured within one run, on one CPU thread, median of ``--repeats``.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
 
 from gravac import compressors
 from gravac.compressors import SelectContext, num_kept
 from gravac.train.models import build_model
+from timing import median_time as timed
 
 MODELS = {
     "resnet101": dict(name="resnet101", num_classes=10),
@@ -44,16 +43,6 @@ def layer_gradients(model_key: str, min_numel: int, seed: int = 0) -> list[torch
     g = torch.Generator().manual_seed(seed)
     return [torch.randn(p.numel(), generator=g) for p in model.parameters()
             if p.numel() >= min_numel]
-
-
-def timed(fn, repeats: int) -> float:
-    fn()
-    samples = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - t0)
-    return statistics.median(samples)
 
 
 def direct(comp, grads, theta_min, theta_c):
