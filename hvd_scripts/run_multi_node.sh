@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# Train across several machines: NP Horovod ranks placed by a hostfile.
+#
+# Usage:   hvd_scripts/run_multi_node.sh HOSTFILE NP CONFIG [CONFIG ...] [-- TRAIN_ARGS...]
+# Example: hvd_scripts/run_multi_node.sh ~/hosts.txt 8 configs/models/resnet101_cifar10.yaml \
+#              configs/compression/gravac_exp_dgc_eps07.yaml -- --set data.root=/data
+#
+# Runs, from the repository root:
+#   horovodrun -np NP --hostfile HOSTFILE --gloo <repo>/.venv/bin/python <repo>/train.py \
+#       --config CONFIG...
+# Arguments after `--` go to train.py (--set key=value, --dry-run, --resume).
+#
+# HOSTFILE: one host per line, `HOST slots=N` (N = ranks on that host, usually its GPUs or
+#   a share of its cores), e.g.
+#       node1 slots=4
+#       node2 slots=4
+#   NP must not exceed the total slots.
+# Every host needs:
+#   - the repository, its virtual environment (.venv) and the data set at the SAME absolute
+#     paths as here (paths are passed as they are on this machine; config files are made
+#     absolute);
+#   - passwordless ssh from this machine to every host (`ssh node2 true` must work without
+#     a prompt), and the hosts must reach each other on the network.
+# Controller (how ranks find each other and agree on collectives):
+#   - Gloo (`--gloo`): always available in our build (hvd_scripts/install.sh). Default.
+#   - MPI (`--mpi`): only if Horovod was built with MPI; check with
+#     `.venv/bin/horovodrun --check-build` ("[X] MPI").
+#   Choose with GRAVAC_CONTROLLER=gloo|mpi (default gloo).
+#   GPU collectives use NCCL only when Horovod was built with HOROVOD_GPU_OPERATIONS=NCCL
+#   (see --check-build, "[X] NCCL"); that is a build-time choice, not a flag here.
+# Env: GRAVAC_CONTROLLER=gloo|mpi   controller flag (default gloo)
+#      GRAVAC_NICS=eth0[,ib0]       passed as --network-interfaces (which NICs to use)
+#      GRAVAC_VENV=/path/.venv      virtual environment (default: <repo>/.venv)
+set -euo pipefail
+
+usage() {
+    sed -n '2,6p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
+    echo "See the header of ${BASH_SOURCE[0]} for the hostfile format and requirements." >&2
+    exit 2
+}
+die() { echo "run_multi_node.sh: $*" >&2; exit 2; }
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+looked_in() { if [ "$PWD" = "$repo" ]; then echo "$repo"; else echo "$PWD and $repo"; fi; }
+venv=${GRAVAC_VENV:-$repo/.venv}
+
+if [ $# -ge 1 ] && { [ "$1" = -h ] || [ "$1" = --help ]; }; then
+    sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | grep '^#' | sed 's/^# \{0,1\}//'
+    exit 0
+fi
+[ $# -ge 3 ] || usage
+
+hostfile=$1
+np=$2
+shift 2
+[ -f "$hostfile" ] || die "hostfile '$hostfile' not found (one 'HOST slots=N' per line)"
+hostfile=$(cd "$(dirname "$hostfile")" && pwd)/$(basename "$hostfile")
+[[ $np =~ ^[1-9][0-9]*$ ]] || die "NP must be a positive integer, got '$np'"
+
+configs=()
+while [ $# -gt 0 ] && [ "$1" != "--" ]; do
+    if [ -f "$1" ]; then
+        configs+=("$(cd "$(dirname "$1")" && pwd)/$(basename "$1")")
+    elif [[ $1 != /* ]] && [ -f "$repo/$1" ]; then
+        configs+=("$repo/$1")
+    else
+        die "config file '$1' not found (looked in $(looked_in))"
+    fi
+    shift
+done
+[ ${#configs[@]} -ge 1 ] || usage
+[ $# -gt 0 ] && shift   # the `--`
+train_args=("$@")
+
+case ${GRAVAC_CONTROLLER:-gloo} in
+    gloo) controller=--gloo ;;
+    mpi) controller=--mpi ;;
+    *) die "GRAVAC_CONTROLLER must be gloo or mpi, got '${GRAVAC_CONTROLLER}'" ;;
+esac
+nics=()
+if [ -n "${GRAVAC_NICS:-}" ]; then
+    nics=(--network-interfaces "$GRAVAC_NICS")
+fi
+
+python=$venv/bin/python
+[ -x "$python" ] || die "$python not found (run hvd_scripts/install.sh; every host needs it at this path)"
+if [ -x "$venv/bin/horovodrun" ]; then
+    horovodrun=$venv/bin/horovodrun
+else
+    horovodrun=$(command -v horovodrun || true)
+    [ -n "$horovodrun" ] || die "horovodrun not found in $venv/bin or on PATH (run hvd_scripts/install.sh)"
+fi
+
+cd "$repo"
+cmd=("$horovodrun" -np "$np" --hostfile "$hostfile" "$controller" ${nics[@]+"${nics[@]}"}
+     "$python" "$repo/train.py" --config "${configs[@]}" ${train_args[@]+"${train_args[@]}"})
+echo "+ ${cmd[*]}" >&2
+exec "${cmd[@]}"

@@ -1,0 +1,145 @@
+"""The launch scripts in hvd_scripts/: syntax, usage messages, and that every repository path
+they (or README.md) mention exists. Nothing here starts horovodrun."""
+from __future__ import annotations
+
+import itertools
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPTS = sorted((REPO / "hvd_scripts").glob("*.sh"))
+# The scripts that take arguments (install.sh takes none: it installs).
+WITH_USAGE = ["run_single_node.sh", "run_multi_node.sh", "run_baseline.sh", "run_gravac.sh",
+              "run_accordion.sh", "sweep.sh"]
+
+# A repository path: under one of these top-level folders, or train.py itself. The look-behind
+# keeps out the tails of other paths (~/.cache/gravac/..., $CACHE/wheels/...).
+PATH_RE = re.compile(r"(?<![\w./~$-])((?:configs|hvd_scripts|benchmarks|examples|tests|gravac)"
+                     r"/[\w./{},*<>$-]*[\w}]|train\.py)/?(?![\w/])")
+
+
+def bash(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", *args], cwd=cwd, capture_output=True, text=True, timeout=60)
+
+
+def expand_braces(text: str) -> list[str]:
+    """Shell brace expansion of ``a_{b,c}_{1,2}`` (no nesting).
+
+    Example::
+
+        expand_braces("s_{topk,dgc}_{10,1000}x")   # ['s_topk_10x', 's_topk_1000x', ...]
+    """
+    parts = re.split(r"\{([^{}]*,[^{}]*)\}", text)
+    choices = [[p] if i % 2 == 0 else p.split(",") for i, p in enumerate(parts)]
+    return ["".join(combo) for combo in itertools.product(*choices)]
+
+
+def repo_paths(text: str) -> set[str]:
+    """Repository paths mentioned in ``text``, braces expanded; placeholders (capital
+    letters, $VARS, <...>, globs) and paths under runs/ or data/ are left out."""
+    text = re.sub(r"\$\{?repo\}?/", "", text)          # "$repo/configs/..." is a repo path
+    found = set()
+    for match in PATH_RE.findall(text):
+        path = match.rstrip("/.")
+        if re.search(r"[A-Z$<>*]", path) or path.startswith(("runs/", "data/")):
+            continue
+        found.update(expand_braces(path))
+    return found
+
+
+def readme_code(text: str) -> str:
+    """The backticked spans and fenced code blocks of a markdown text, one per line."""
+    blocks = re.findall(r"^```[^\n]*\n(.*?)^```", text, flags=re.S | re.M)
+    rest = re.sub(r"^```[^\n]*\n.*?^```", "", text, flags=re.S | re.M)
+    return "\n".join(blocks + re.findall(r"`([^`\n]+)`", rest))
+
+
+def test_helpers():
+    assert expand_braces("c/s_{topk,dgc}_{10,1000}x.yaml") == [
+        "c/s_topk_10x.yaml", "c/s_topk_1000x.yaml", "c/s_dgc_10x.yaml", "c/s_dgc_1000x.yaml"]
+    text = ("see `configs/demo.yaml`, `$repo/hvd_scripts/x.sh`, ~/.cache/gravac/wheels/, "
+            "`python -m gravac.report RUN_DIR`, `configs/models/MODEL.yaml`, `runs/demo`, "
+            "`train.py`, `my_train.py`, `tests/unit/`.")
+    assert repo_paths(text) == {"configs/demo.yaml", "hvd_scripts/x.sh", "train.py", "tests/unit"}
+    assert readme_code("a `b/c.py` d\n```bash\nx/y.sh\n```\n`e`") == "x/y.sh\n\nb/c.py\ne"
+
+
+def test_all_scripts_are_here():
+    assert {p.name for p in SCRIPTS} >= set(WITH_USAGE) | {"install.sh"}
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_script_syntax(script):
+    proc = bash("-n", str(script))
+    assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_script_header_and_strict_mode(script):
+    text = script.read_text()
+    assert text.startswith("#!/usr/bin/env bash\n")
+    assert "set -euo pipefail" in text
+    if script.name in WITH_USAGE:
+        assert "# Usage:" in text and "# Example:" in text
+
+
+@pytest.mark.parametrize("name", WITH_USAGE)
+def test_usage_and_exit_2_without_arguments(name, tmp_path):
+    proc = bash(str(REPO / "hvd_scripts" / name), cwd=tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f"Usage:   hvd_scripts/{name}" in proc.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (["run_single_node.sh", "0", "configs/demo.yaml"], "NP must be a positive integer, got '0'"),
+    (["run_single_node.sh", "2", "configs/nope.yaml"], "config file 'configs/nope.yaml' not found"),
+    (["run_multi_node.sh", "/nonexistent/hosts", "2", "configs/demo.yaml"],
+     "hostfile '/nonexistent/hosts' not found (one 'HOST slots=N' per line)"),
+    (["run_baseline.sh", "configs/nope.yaml"], "model config 'configs/nope.yaml' not found"),
+    (["run_gravac.sh", "configs/demo.yaml", "two"], "NP must be a positive integer, got 'two'"),
+    (["run_accordion.sh", "configs/demo.yaml", "2", "--set"], "train.py arguments go after '--'"),
+])
+def test_bad_arguments_exit_2_with_a_message(args, message):
+    proc = bash(str(REPO / "hvd_scripts" / args[0]), *args[1:])
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert message in proc.stderr
+
+
+def test_multi_node_controller_must_be_gloo_or_mpi(tmp_path):
+    hosts = tmp_path / "hosts"
+    hosts.write_text("localhost slots=2\n")
+    proc = subprocess.run(["bash", str(REPO / "hvd_scripts/run_multi_node.sh"), str(hosts), "2",
+                           "configs/demo.yaml"], cwd=REPO, capture_output=True, text=True,
+                          timeout=60, env={"PATH": "/usr/bin:/bin", "GRAVAC_CONTROLLER": "nccl"})
+    assert proc.returncode == 2
+    assert "GRAVAC_CONTROLLER must be gloo or mpi, got 'nccl'" in proc.stderr
+
+
+def test_series_scripts_cover_their_compression_configs():
+    mentioned = {name: repo_paths((REPO / "hvd_scripts" / name).read_text())
+                 for name in ("run_baseline.sh", "run_gravac.sh", "run_accordion.sh")}
+    comp = "configs/compression/"
+    assert {p for p in mentioned["run_baseline.sh"] if p.startswith(comp)} >= \
+        {comp + "dense.yaml", comp + "horovod_fp16.yaml"} | {
+            f"{comp}static_{c}_{f}x.yaml" for c in ("topk", "dgc", "redsync", "randomk")
+            for f in (10, 1000)}
+    assert {p for p in mentioned["run_gravac.sh"] if p.startswith(comp)} == {
+        comp + f"{n}.yaml" for n in ("gravac_exp_dgc_eps07", "gravac_exp_dgc_eps09",
+                                     "gravac_geo_redsync", "gravac_randomk")}
+    assert {comp + "accordion_lstm.yaml", comp + "accordion_cnn.yaml"} <= mentioned["run_accordion.sh"]
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_paths_in_scripts_exist(script):
+    missing = sorted(p for p in repo_paths(script.read_text()) if not (REPO / p).exists())
+    assert not missing, f"{script.name} mentions paths that do not exist: {missing}"
+
+
+def test_paths_in_readme_exist():
+    paths = repo_paths(readme_code((REPO / "README.md").read_text()))
+    assert paths, "found no repository paths in README.md's code; is the parser broken?"
+    missing = sorted(p for p in paths if not (REPO / p).exists())
+    assert not missing, f"README.md mentions paths that do not exist: {missing}"

@@ -1,0 +1,396 @@
+"""hvd_scripts/sweep.py: grid expansion, baselines, the results table, errors, dry runs.
+
+No test here launches horovodrun: launching is replaced by a fake that writes metrics.
+"""
+from __future__ import annotations
+
+import contextlib
+import csv
+import importlib.util
+import io
+import json
+import pickle
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+SAFE = re.compile(r"^[A-Za-z0-9._+-]+$")
+
+
+def _load_sweep_module():
+    spec = importlib.util.spec_from_file_location("gravac_sweep", REPO / "hvd_scripts/sweep.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module           # dataclasses look their module up here
+    spec.loader.exec_module(module)
+    return module
+
+
+sw = _load_sweep_module()
+
+DENSE = "configs/compression/dense.yaml"
+TOPK10 = "configs/compression/static_topk_10x.yaml"
+
+
+def sweep_dict(**changes) -> dict:
+    data = {"name": "t", "np": 2, "configs": ["configs/demo.yaml"], "set": {"run.steps": 60},
+            "grid": {"compression": [{"files": [DENSE]}, {"files": [TOPK10]},
+                                     {"set": {"compression.controller": "gravac",
+                                              "compression.gravac.window": 20},
+                                      "tag": "gravac w/20"}],
+                     "optimizer.lr": [0.05, 0.1]}}
+    data.update(changes)
+    return data
+
+
+# -- expansion ---------------------------------------------------------------------------------
+def test_grid_expands_to_unique_safe_names_first_axis_slowest():
+    runs = sw.expand(sw.parse_sweep(sweep_dict()))
+    assert [r.name for r in runs] == [
+        "t-dense-lr_0.05", "t-dense-lr_0.1", "t-static_topk_10x-lr_0.05",
+        "t-static_topk_10x-lr_0.1", "t-gravac_w_20-lr_0.05", "t-gravac_w_20-lr_0.1"]
+    assert all(SAFE.match(r.name) for r in runs)
+    assert runs[3].index == (1, 1)
+    assert runs[3].labels == {"compression": "static_topk_10x", "optimizer.lr": "lr_0.1"}
+
+
+def test_overrides_merge_in_order_and_the_sweep_sets_name_and_output_dir(tmp_path):
+    runs = sw.expand(sw.parse_sweep(sweep_dict()))
+    run = runs[5]                                           # gravac, lr 0.1
+    assert run.files == ["configs/demo.yaml"]
+    args = run.train_args(tmp_path, extra=[("data.batch_size", 8)])
+    sets = [args[i + 1] for i, a in enumerate(args) if a == "--set"]
+    assert sets == ["run.steps=60", "compression.controller=gravac",
+                    "compression.gravac.window=20", "optimizer.lr=0.1", "data.batch_size=8",
+                    f"run.output_dir={tmp_path / 'runs'}", "run.name=t-gravac_w_20-lr_0.1"]
+    assert runs[2].train_args(tmp_path)[:4] == ["--config", "configs/demo.yaml", TOPK10, "--set"]
+
+
+def test_overrides_resolve_to_the_config_train_py_would_use(tmp_path):
+    runs = sw.expand(sw.parse_sweep(sweep_dict()))
+    configs, errors = sw.resolve_configs(runs, tmp_path, extra=[])
+    assert errors == []
+    cfg = configs["t-gravac_w_20-lr_0.1"]
+    assert (cfg.compression.controller, cfg.compression.gravac.window) == ("gravac", 20)
+    assert (cfg.optimizer.lr, cfg.run.steps) == (0.1, 60)
+    assert cfg.run.name == "t-gravac_w_20-lr_0.1"
+    assert cfg.run.output_dir == str(tmp_path / "runs")
+    assert configs["t-dense-lr_0.05"].compression.controller == "dense"
+
+
+@pytest.mark.parametrize("value", [0.05, 1, True, None, "topk", "1e-4", "true", "a b: c",
+                                   "/data/x", [1, 2], {"same_across_ranks": True}])
+def test_values_survive_the_set_command_line(value):
+    from gravac.train.config import parse_override
+
+    assert parse_override(f"k={sw.format_value(value)}") == {"k": value}
+
+
+def test_shorthand_axis_over_one_key():
+    axis = sw.parse_axis("compression.compressor", ["topk", "dgc"])
+    assert [v.label for v in axis.values] == ["compressor_topk", "compressor_dgc"]
+    assert axis.values[1].overrides == (("compression.compressor", "dgc"),)
+    milestones = sw.parse_axis("optimizer.lr_milestones", [[100, 200], [300]])
+    assert milestones.values[0].overrides == (("optimizer.lr_milestones", [100, 200]),)
+    assert all(SAFE.match(v.label) for v in milestones.values)
+
+
+def test_entry_forms_and_labels():
+    axis = sw.parse_axis("c", [DENSE, [DENSE, TOPK10], {"set": {"compression.cf": 50}},
+                               {"files": [TOPK10], "set": {"run.seed": 3}}])
+    assert [v.label for v in axis.values] == ["dense", "dense+static_topk_10x", "cf_50",
+                                              "static_topk_10x_seed_3"]
+    assert axis.values[1].files == (DENSE, TOPK10)
+
+
+def test_equal_derived_labels_are_made_unique_but_equal_tags_are_an_error():
+    axis = sw.parse_axis("c", [{"set": {"compression.cf": 10}}, {"set": {"compression.cf": 10}},
+                               {"files": [DENSE]}])
+    assert [v.label for v in axis.values] == ["cf_10_0", "cf_10_1", "dense"]
+    with pytest.raises(sw.SweepError, match=r"grid\.c\[1\]\.tag: 'x' is already the tag of "
+                                            r"grid\.c\[0\]"):
+        sw.parse_axis("c", [{"files": [DENSE], "tag": "x"}, {"files": [TOPK10], "tag": "x"}])
+
+
+def test_long_names_are_shortened_with_a_hash():
+    name = sw.run_name("s", ["a" * 80, "b" * 80])
+    assert len(name) == sw.MAX_NAME and SAFE.match(name)
+    assert name != sw.run_name("s", ["a" * 80, "b" * 79 + "c"])
+
+
+# -- baselines ---------------------------------------------------------------------------------
+def test_default_baseline_is_the_first_dense_run():
+    sweep = sw.parse_sweep(sweep_dict(grid={"compression": [{"files": [TOPK10]},
+                                                            {"files": [DENSE]}]}))
+    runs = sw.expand(sweep)
+    controllers = {"t-static_topk_10x": "static", "t-dense": "dense"}
+    assert sw.pick_baselines(sweep, runs, controllers) == {"t-static_topk_10x": "t-dense",
+                                                           "t-dense": "t-dense"}
+    no_dense = {"t-static_topk_10x": "static", "t-dense": "static"}
+    assert set(sw.pick_baselines(sweep, runs, no_dense).values()) == {None}
+
+
+def test_baseline_mapping_fixes_the_named_axes_and_keeps_the_others():
+    sweep = sw.parse_sweep(sweep_dict(baseline={"compression": 0}))
+    baselines = sw.pick_baselines(sweep, sw.expand(sweep))
+    assert baselines["t-gravac_w_20-lr_0.1"] == "t-dense-lr_0.1"
+    assert baselines["t-static_topk_10x-lr_0.05"] == "t-dense-lr_0.05"
+    by_label = sw.parse_sweep(sweep_dict(baseline={"compression": "static_topk_10x",
+                                                   "optimizer.lr": 0}))
+    assert set(sw.pick_baselines(by_label, sw.expand(by_label)).values()) == \
+        {"t-static_topk_10x-lr_0.05"}
+
+
+@pytest.mark.parametrize("baseline, message", [
+    ({"nope": 0}, r"baseline\.nope: no such grid axis"),
+    ({"compression": 3}, r"baseline\.compression: index 3 out of range .*0\.\.2"),
+    ({"compression": "sparse"}, r"baseline\.compression: 'sparse' is neither an index nor a label"),
+    ([0], r"baseline: expected a mapping axis -> index"),
+])
+def test_bad_baselines_name_the_field(baseline, message):
+    with pytest.raises(sw.SweepError, match=message):
+        sw.parse_sweep(sweep_dict(baseline=baseline))
+
+
+# -- invalid sweep files -------------------------------------------------------------------------
+@pytest.mark.parametrize("changes, message", [
+    ({"grids": {}}, r"unknown top-level key 'grids'; allowed: name, np, configs, set, grid, baseline"),
+    ({"grid": {"compression": []}}, r"grid\.compression: the axis is empty"),
+    ({"grid": {}}, r"grid: expected a mapping with at least one axis"),
+    ({"configs": ["configs/nope.yaml"]}, r"configs\[0\]: config file 'configs/nope.yaml' not found"),
+    ({"grid": {"c": [{"files": [DENSE]}, {"files": ["configs/compression/x.yaml"]}]}},
+     r"grid\.c\[1\]\.files\[0\]: config file 'configs/compression/x.yaml' not found"),
+    ({"grid": {"c": [{"file": [DENSE]}]}}, r"grid\.c\[0\]: unknown key 'file'; allowed: files, set, tag"),
+    ({"grid": {"lr": [0.1]}}, r"grid\.lr\[0\]: expected a mapping .*e\.g\. optimizer\.lr"),
+    ({"grid": {"status": [DENSE]}}, r"grid\.status: the axis name clashes with a results column"),
+    ({"np": 0}, r"np: 0 must be a positive integer"),
+    ({"name": "a/b"}, r"name: 'a/b' must be a non-empty name"),
+    ({"set": {"run.name": "x"}}, r"set\.run\.name: run\.name is chosen by the sweep"),
+    ({"set": {"run..steps": 1}}, r"set\.run\.\.steps: key 'run\.\.steps' must be a dotted path"),
+])
+def test_invalid_sweep_files_name_the_field(changes, message):
+    with pytest.raises(sw.SweepError, match=message):
+        sw.parse_sweep(sweep_dict(**changes))
+
+
+def test_invalid_sweep_file_on_the_command_line_exits_2_before_any_check(tmp_path, capsys):
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(sweep_dict(grid={"compression": []})))
+    calls = []
+    assert sw.main([str(path), "--out", str(tmp_path / "out")], check=calls.append) == 2
+    assert "sweep error: grid.compression: the axis is empty" in capsys.readouterr().err
+    assert calls == [] and not (tmp_path / "out").exists()
+
+
+def test_a_bad_run_config_stops_the_sweep_before_launching(tmp_path, capsys, monkeypatch):
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(sweep_dict(grid={"optimizer.lr": [0.1, -1.0]})))
+    monkeypatch.setattr(sw, "launch", lambda *a, **k: pytest.fail("launched"))
+    assert sw.main([str(path), "--out", str(tmp_path / "out")], check=lambda args: None) == 2
+    err = capsys.readouterr().err
+    assert "run t-lr_-1.0: config error: optimizer.lr=-1.0: must be > 0" in err
+    assert "nothing was launched" in err and not (tmp_path / "out").exists()
+
+
+def test_dry_run_check_reports_train_py_config_errors():
+    problem = sw.dry_run_check(["--config", "configs/demo.yaml", "--set", "run.steps=0"])
+    assert problem == "config error: run.steps=0: must be >= 1"
+
+
+# -- the results table -------------------------------------------------------------------------
+def write_metrics(run_dir: Path, records: list[dict]) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def step(n, t, sent, dense, rate):
+    return {"kind": "step", "step": n, "time": t, "cum_floats_sent": sent,
+            "cum_dense_floats": dense, "samples_per_sec": rate}
+
+
+FAKE_RUNS = {
+    "t-dense": [{"kind": "run_start", "controller": "dense"},
+                step(5, 9.0, 500, 500, 100.0), step(10, 19.0, 1000, 1000, 200.0),
+                {"kind": "eval", "step": 5, "top1": 0.5, "top5": 0.9, "loss": 1.0},
+                {"kind": "eval", "step": 10, "top1": 0.75, "top5": 0.95, "loss": 0.5},
+                {"kind": "run_end", "step": 10, "time": 20.0, "final": {"top1": 0.75}}],
+    "t-topk": [{"kind": "run_start", "controller": "static"},
+               step(5, 4.0, 50, 500, 300.0), step(10, 9.0, 100, 1000, 500.0),
+               {"kind": "eval", "step": 10, "top1": 0.7, "top5": 0.9, "loss": 0.6},
+               {"kind": "run_end", "step": 10, "time": 10.0, "final": {"top1": 0.7}}],
+    "t-long": [step(20, 19.0, 400, 2000, 400.0),      # twice as long: compared per step
+               {"kind": "eval", "step": 20, "perplexity": 80.0, "loss": 4.38},
+               {"kind": "run_end", "step": 20, "time": 20.0, "final": {"perplexity": 80.0}}],
+    "t-crash": [step(5, 4.0, 50, 500, 250.0)],
+}
+
+
+@pytest.fixture
+def fake_sweep(tmp_path):
+    sweep = sw.parse_sweep({"name": "t", "grid": {"c": [{"files": [DENSE], "tag": "dense"},
+                                                        {"files": [TOPK10], "tag": "topk"},
+                                                        {"files": [TOPK10], "tag": "long"},
+                                                        {"files": [TOPK10], "tag": "crash"},
+                                                        {"files": [TOPK10], "tag": "later"}]}})
+    runs = sw.expand(sweep)
+    for name, records in FAKE_RUNS.items():
+        write_metrics(tmp_path / "runs" / name, records)
+    status = {"t-dense": "ok", "t-topk": "ok", "t-long": "ok", "t-crash": "failed"}
+    notes = {"t-crash": "RuntimeError: boom | bang"}
+    baselines = {r.name: "t-dense" for r in runs}
+    return sweep, runs, status, notes, baselines
+
+
+def test_results_rows_exact_numbers(fake_sweep, tmp_path):
+    sweep, runs, status, notes, baselines = fake_sweep
+    rows = {r["name"]: r for r in sw.results_rows(sweep, runs, tmp_path, status, notes, baselines)}
+    assert rows["t-dense"] == {
+        "name": "t-dense", "c": "dense", "status": "ok", "steps": 10, "wall_time_s": 20.0,
+        "metric": "top1", "final_metric": 0.75, "floats_vs_dense": 1.0,
+        "mean_samples_per_sec": 150.0, "speedup": 1.0, "comm_saving": 1.0,
+        "baseline": "t-dense", "note": ""}
+    topk = rows["t-topk"]
+    assert (topk["final_metric"], topk["floats_vs_dense"], topk["mean_samples_per_sec"]) == \
+        (0.7, 0.1, 400.0)
+    assert (topk["speedup"], topk["comm_saving"]) == (2.0, 10.0)
+    long = rows["t-long"]     # 1 s/step vs 2 s/step; 20 floats/step vs 100
+    assert (long["steps"], long["metric"], long["final_metric"]) == (20, "perplexity", 80.0)
+    assert (long["speedup"], long["comm_saving"], long["floats_vs_dense"]) == (2.0, 5.0, 0.2)
+    crash = rows["t-crash"]
+    assert (crash["status"], crash["steps"], crash["wall_time_s"], crash["speedup"]) == \
+        ("failed", 5, None, None)
+    assert crash["floats_vs_dense"] == 0.1 and crash["note"] == "RuntimeError: boom | bang"
+    later = rows["t-later"]
+    assert later["status"] == "pending" and later["steps"] is None and later["speedup"] is None
+
+
+def test_no_speedup_without_a_successful_baseline(fake_sweep, tmp_path):
+    sweep, runs, status, notes, baselines = fake_sweep
+    status = {**status, "t-dense": "failed"}
+    rows = sw.results_rows(sweep, runs, tmp_path, status, notes, baselines)
+    assert all(r["speedup"] is None and r["comm_saving"] is None for r in rows)
+
+
+def test_summarize_metrics_skips_a_torn_last_line(tmp_path):
+    write_metrics(tmp_path, FAKE_RUNS["t-topk"])
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write('{"kind": "step", "ste')
+    m = sw.summarize_metrics(sw.read_metrics(tmp_path))
+    assert (m.steps, m.wall_time, m.finished, m.floats_vs_dense) == (10, 10.0, True, 0.1)
+    assert sw.summarize_metrics(sw.read_metrics(tmp_path / "none")) == sw.RunMetrics()
+
+
+def test_results_csv_and_md_are_written(fake_sweep, tmp_path):
+    sweep, runs, status, notes, baselines = fake_sweep
+    rows = sw.results_rows(sweep, runs, tmp_path, status, notes, baselines)
+    sw.write_results(sweep, rows, tmp_path)
+    with open(tmp_path / "results.csv", newline="") as f:
+        table = list(csv.DictReader(f))
+    assert list(table[0]) == ["name", "c", "status", "steps", "wall_time_s", "metric",
+                              "final_metric", "floats_vs_dense", "mean_samples_per_sec",
+                              "speedup", "comm_saving", "baseline", "note"]
+    assert [r["name"] for r in table] == [r.name for r in runs]
+    assert float(table[1]["speedup"]) == 2.0 and float(table[1]["comm_saving"]) == 10.0
+    assert table[3]["wall_time_s"] == "" and table[4]["status"] == "pending"
+    md = (tmp_path / "results.md").read_text()
+    assert md.startswith("# Sweep t\n") and "5 runs on 2 ranks: 3 ok, 1 failed, 1 pending" in md
+    assert "| t-topk | topk | ok | 10 | 10.00 | top1 | 0.7 | 0.1 | 400.0 | 2.00x | 10.00x |" in md
+    assert "RuntimeError: boom \\| bang" in md
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results.csv", "results.md", "runs"]
+
+
+def test_execute_records_failures_goes_on_and_keeps_results_current(tmp_path, monkeypatch, capsys):
+    sweep = sw.parse_sweep({"name": "t", "grid": {"c": [{"files": [DENSE], "tag": "dense"},
+                                                        {"files": [TOPK10], "tag": "bad"},
+                                                        {"files": [TOPK10], "tag": "topk"}]}})
+    runs = sw.expand(sweep)
+    seen = []
+
+    def fake_launch(command, log_path, repo=sw.REPO):
+        name = command[-1].split("=", 1)[1]          # the last --set is run.name=...
+        with open(tmp_path / "results.csv", newline="") as f:
+            seen.append({r["name"]: r["status"] for r in csv.DictReader(f)})
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        if name == "t-bad":
+            log_path.write_text("$ cmd\nconfig error: something broke\n")
+            return 1
+        write_metrics(tmp_path / "runs" / name, FAKE_RUNS["t-dense" if name == "t-dense" else "t-topk"])
+        return 0
+
+    reports = []
+    monkeypatch.setattr(sw, "launch", fake_launch)
+    monkeypatch.setattr(sw, "run_report", lambda dirs, out, base: reports.append((dirs, out, base)) or True)
+    code = sw.execute(sweep, runs, tmp_path, [], {r.name: "t-dense" for r in runs}, "horovodrun")
+    assert code == 1
+    assert seen[1] == {"t-dense": "ok", "t-bad": "running", "t-topk": "pending"}
+    with open(tmp_path / "results.csv", newline="") as f:
+        final = {r["name"]: r for r in csv.DictReader(f)}
+    assert [final[n]["status"] for n in ("t-dense", "t-bad", "t-topk")] == ["ok", "failed", "ok"]
+    assert final["t-bad"]["note"] == "config error: something broke"
+    assert float(final["t-topk"]["speedup"]) == 2.0
+    assert reports == [([tmp_path / "runs/t-dense", tmp_path / "runs/t-topk"], tmp_path / "report",
+                         tmp_path / "runs/t-dense")]
+
+
+def test_report_is_skipped_with_a_message_when_gravac_report_is_missing(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(sw, "report_available", lambda repo=sw.REPO: "ModuleNotFoundError: x")
+    monkeypatch.setattr(sw.subprocess, "run", lambda *a, **k: pytest.fail("report launched"))
+    assert sw.run_report([tmp_path / "a"], tmp_path / "report", None) is True
+    assert "skipping the report: `import gravac.report` failed (ModuleNotFoundError: x)" in \
+        capsys.readouterr().out
+
+
+# -- dry runs of the shipped sweep files ---------------------------------------------------------
+def test_demo_sweep_dry_run_end_to_end(tmp_path):
+    proc = subprocess.run([sys.executable, "hvd_scripts/sweep.py", "configs/sweeps/demo_sweep.yaml",
+                           "--dry-run", "--out", str(tmp_path / "sweep")],
+                          cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    listed = re.findall(r"^\s+\d+\. (\S+)", proc.stdout, flags=re.M)
+    assert listed == ["demo_sweep-dense", "demo_sweep-static_topk_100x", "demo_sweep-gravac_w20"]
+    assert "demo_sweep-dense             compression=dense  (baseline)" in proc.stdout
+    assert "all 3 runs are valid (dry run: nothing launched)" in proc.stdout
+    assert not (tmp_path / "sweep").exists()
+
+
+def write_tiny_cifar10(root: Path, n: int = 64) -> None:
+    folder = root / "cifar-10-batches-py"
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        entry = {b"data": rng.integers(0, 256, size=(n, 3072), dtype=np.uint8),
+                 b"labels": rng.integers(0, 10, size=n).tolist()}
+        with open(folder / name, "wb") as f:
+            pickle.dump(entry, f, protocol=2)
+
+
+def test_paper_sweep_validates_on_tiny_fake_data(tmp_path, monkeypatch, capsys):
+    """Every run of the paper sweep passes train.py's dry run (in this process, for speed)."""
+    from gravac.train import cli
+
+    write_tiny_cifar10(tmp_path / "data")
+    monkeypatch.chdir(REPO)
+    checked = []
+
+    def check(args):
+        checked.append(args)
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()) as err:
+            code = cli.main([*args, "--dry-run"])
+        return None if code == 0 else err.getvalue().strip()
+
+    code = sw.main(["configs/sweeps/paper_resnet101.yaml", "--dry-run", "--out", str(tmp_path / "sw"),
+                    "--set", f"data.root={tmp_path / 'data'}"], check=check)
+    out = capsys.readouterr().out
+    assert code == 0, out
+    expected = ["dense"] + [f"static_{c}_{f}x" for c in ("topk", "dgc", "redsync", "randomk")
+                            for f in (10, 1000)] + \
+        ["gravac_exp_dgc_eps07", "gravac_exp_dgc_eps09", "gravac_geo_redsync", "accordion_cnn"]
+    assert sorted(re.findall(r"^\s+\d+\. paper_resnet101-(\S+)", out, flags=re.M)) == sorted(expected)
+    assert len(checked) == len(expected)
+    assert all(f"data.root={tmp_path / 'data'}" in args for args in checked)
+    assert "paper_resnet101-dense                 compression=dense  (baseline)" in out
