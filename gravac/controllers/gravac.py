@@ -171,14 +171,20 @@ class GraVAC(Controller):
             entry[1] += 1
         if (record.step + 1) % self.window == 0:
             proposal = self.evaluate(record.step) if sync.rank == 0 else None
-            # Rank 0's evaluation (timings are rank-local) becomes every rank's state.
-            decided = sync.broadcast_object(proposal, name="gravac.controller.window")
-            self._state = decided
+            # Rank 0's evaluation (timings are rank-local) becomes every rank's state. The
+            # history stays out of the message: every rank appends the same new record.
+            state, record_ = sync.broadcast_object(proposal, name="gravac.controller.window")
+            decisions = self._state["decisions"]
+            decisions.append(record_)
+            self._state = {**state, "decisions": decisions}
 
     # -- per window ---------------------------------------------------------------------
-    def evaluate(self, step: int) -> dict:
-        """Rank 0's window evaluation: the next controller state (not yet adopted)."""
-        s = copy.deepcopy(self._state)
+    def evaluate(self, step: int) -> tuple[dict, dict]:
+        """Rank 0's window evaluation: (next state without the history, decision record).
+
+        Nothing is adopted here; ``end_step`` adopts what rank 0 broadcasts.
+        """
+        s = {k: copy.deepcopy(v) for k, v in self._state.items() if k != "decisions"}
         measured_min, measured_c = s["delta_min"], s["delta_c"]
         for cf, (total, count) in s["window_sums"].items():
             s["table"][cf] = total / count
@@ -203,7 +209,7 @@ class GraVAC(Controller):
                 s["delta_c"] = None
                 s["settled"] = True
         s["candidate_measured"] = False
-        s["decisions"].append({
+        return s, {
             "step": step,
             "theta_min": s["theta_min"],
             "theta_c": s["theta_c"],
@@ -213,8 +219,7 @@ class GraVAC(Controller):
             "settled": s["settled"],
             "scaled_up": scaled_up,
             "advanced": advanced,
-        })
-        return s
+        }
 
     # -- state ----------------------------------------------------------------------------
     def state_dict(self) -> dict:

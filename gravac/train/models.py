@@ -25,7 +25,7 @@ from torch.nn import functional as F
 
 __all__ = ["BasicBlock", "Bottleneck", "ResNet", "resnet18", "resnet50", "resnet101",
            "VGG", "VGG16_CFG", "vgg16", "LSTMLanguageModel", "detach_hidden", "SmallCNN",
-           "MODEL_NAMES", "build_model"]
+           "MODEL_NAMES", "build_model", "WideHeadCNN"]
 
 
 # --------------------------------------------------------------------------- ResNet
@@ -355,6 +355,42 @@ class SmallCNN(nn.Module):
         return self.fc2(out)
 
 
+class WideHeadCNN(nn.Module):
+    """A small conv stem with a wide fully connected head: many parameters, little compute.
+
+    The communication-bound regime gradient compression is for, at a size that trains in
+    minutes on CPU (the end-to-end benchmark uses it): conv3x3(in->16) -> ReLU -> pool ->
+    conv3x3(16->32) -> ReLU -> pool -> Linear(->width) -> ReLU -> Linear(width->width) ->
+    ReLU -> Linear(width->num_classes). With 32x32 inputs and width 1024: ~3.2M parameters,
+    ~95% of them in the two wide layers.
+
+    Example::
+
+        model = WideHeadCNN(num_classes=10, width=1024)
+        model(torch.rand(4, 3, 32, 32)).shape           # [4, 10]
+    """
+
+    def __init__(self, num_classes: int = 10, in_channels: int = 3, image_size: int = 32,
+                 width: int = 1024):
+        super().__init__()
+        _check_positive(num_classes=num_classes, in_channels=in_channels, width=width)
+        if image_size < 4:
+            raise ValueError(f"wide_head_cnn: image_size must be >= 4 (two 2x2 max-pools), "
+                             f"got {image_size}")
+        self.conv1 = nn.Conv2d(in_channels, 16, 3, padding=1)
+        self.conv2 = nn.Conv2d(16, 32, 3, padding=1)
+        self.fc1 = nn.Linear(32 * (image_size // 4) ** 2, width)
+        self.fc2 = nn.Linear(width, width)
+        self.fc3 = nn.Linear(width, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = F.max_pool2d(F.relu(self.conv1(x)), 2)
+        out = F.max_pool2d(F.relu(self.conv2(out)), 2)
+        out = F.relu(self.fc1(out.flatten(1)))
+        out = F.relu(self.fc2(out))
+        return self.fc3(out)
+
+
 # --------------------------------------------------------------------------- registry
 
 
@@ -383,6 +419,7 @@ _REGISTRY: dict[str, Callable[..., nn.Module]] = {
     "vgg16": vgg16,
     "lstm": LSTMLanguageModel,
     "small_cnn": SmallCNN,
+    "wide_head_cnn": WideHeadCNN,
 }
 
 #: Names accepted by ``build_model``.

@@ -26,7 +26,7 @@ DATA_OPTIONS = {
     "cifar10": {},
     "cifar100": {},
     "synthetic_images": {"num_train": 2048, "num_test": 512, "num_classes": 10,
-                         "image_size": 32, "noise_std": 40.0},
+                         "image_size": 32, "noise_std": 40.0, "label_noise": 0.0},
     "ptb": {},
     "synthetic_text": {"num_tokens": 200_000, "valid_tokens": 20_000, "vocab_size": 1000,
                        "branching": 4},
@@ -49,6 +49,21 @@ def _model(cfg: Config, **defaults):
         return build_model(cfg.model.name, **options)
     except ValueError as exc:
         raise ConfigError(f"model.options={cfg.model.options!r}: {exc}") from None
+
+
+def _flip_labels(labels: torch.Tensor, fraction: float, num_classes: int,
+                 seed: int) -> torch.Tensor:
+    """Replace ``fraction`` of the labels by uniform random classes (an irreducible loss
+    floor, as real data has; the test labels stay clean)."""
+    if not 0.0 <= fraction <= 1.0:
+        raise ConfigError(f"data.options.label_noise={fraction!r}: must be in [0, 1]")
+    if fraction == 0.0:
+        return labels
+    g = torch.Generator().manual_seed(seed + 7919)
+    flip = torch.rand(len(labels), generator=g) < fraction
+    noisy = labels.clone()
+    noisy[flip] = torch.randint(0, num_classes, (int(flip.sum()),), generator=g)
+    return noisy
 
 
 def _allreduce_sums(values: list[float], name: str) -> list[float]:
@@ -87,14 +102,15 @@ class ImageTask:
             num_classes, channels, size = opts["num_classes"], 3, opts["image_size"]
             x, y = D.synthetic_images(n_train + n_test, num_classes, size, 3, seed=seed,
                                       noise_std=opts["noise_std"])
-            self.train_x, self.train_y = x[:n_train], y[:n_train]
+            self.train_x, self.train_y = x[:n_train], _flip_labels(
+                y[:n_train], opts["label_noise"], num_classes, seed)
             self.test_x, self.test_y = x[n_train:], y[n_train:]
             augment = D.CifarAugment(seed=seed * 1009 + rank)
             self.eval_transform = D.Normalize()
             self.train_transform = augment if cfg.data.augment else self.eval_transform
         self.num_classes = num_classes
         defaults = {"num_classes": num_classes}
-        if cfg.model.name == "small_cnn":
+        if cfg.model.name in ("small_cnn", "wide_head_cnn"):
             defaults.update(in_channels=channels, image_size=size)
         elif cfg.model.name in ("resnet18", "resnet50", "resnet101", "vgg16"):
             defaults.update(in_channels=channels)

@@ -1,0 +1,186 @@
+"""End-to-end comparison on a slow link: dense Horovod, Horovod fp16, static Top-k, Accordion
+and GraVAC, 2 ranks in a bandwidth-limited network namespace.
+
+For each rate (default 1gbit and 100mbit) it trains the same workload
+(configs/benchmarks/e2e_wide_cnn.yaml: a communication-bound CNN on generated images with
+40% label noise), with the same seed, data and step count, once per method, inside
+hvd_scripts/bandwidth_sandbox.sh; then prints per method, as ratios to the dense run of the
+same invocation and rate:
+
+  samples/s (steady state: steps after the first 10), time to a target training loss (the
+  dense run's smoothed loss at 80% of its steps), final loss (mean of the last 10% of
+  steps), floats sent relative to dense, and GraVAC's CF history.
+
+    sudo .venv/bin/python benchmarks/end_to_end.py [--rates 1gbit 100mbit 10gbit]
+        [--steps 150] [--methods dense gravac ...] [--out runs/benchmarks/e2e]
+
+Needs the rights to create network namespaces (root). Each run's directory, a results.md
+and results.json, and a gravac.report per rate (dense as baseline) go under --out.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+WORKLOAD = "configs/benchmarks/e2e_wide_cnn.yaml"
+
+# name -> (compression file, extra --set overrides)
+METHODS: dict[str, tuple[str, list[str]]] = {
+    "dense": ("dense.yaml", []),
+    "horovod_fp16": ("horovod_fp16.yaml", []),
+    "static_topk_10x": ("static_topk_10x.yaml", []),
+    "static_topk_1000x": ("static_topk_1000x.yaml", []),
+    # Accordion's intervals are epochs in the paper; here runs are a few hundred steps.
+    "accordion": ("accordion_cnn.yaml", ["compression.accordion.interval_steps=25",
+                                         "compression.accordion.switch_freq=2"]),
+    # The paper's exponential GraVAC, with a window that fits a short run.
+    "gravac": ("gravac_exp_topk.yaml", ["compression.gravac.window=25"]),
+    # The same with a lower gain threshold and a faster EWMA: what this workload, whose gains
+    # fall quickly with the CF (~0.6 at 10x, ~0.3 at 20x), needs for GraVAC to climb.
+    "gravac_eps0.3": ("gravac_exp_topk.yaml", ["compression.gravac.window=25",
+                                               "compression.gravac.epsilon=0.3",
+                                               "compression.gravac.alpha=0.2"]),
+}
+
+
+def run_one(method: str, rate: str, steps: int, out: Path, np_: int, extra: list[str]) -> Path:
+    compression, sets = METHODS[method]
+    run_dir = out / rate / method
+    overrides = [f"run.output_dir={out / rate}", f"run.name={method}", f"run.steps={steps}",
+                 "run.overwrite=true", "run.progress=never", *sets, *extra]
+    command = ["bash", str(REPO / "hvd_scripts/bandwidth_sandbox.sh"), rate, "--",
+               str(REPO / ".venv/bin/horovodrun"), "-np", str(np_), "-H", f"localhost:{np_}",
+               "--gloo", str(REPO / ".venv/bin/python"), str(REPO / "train.py"),
+               "--config", str(REPO / WORKLOAD), str(REPO / "configs/compression" / compression)]
+    for text in overrides:
+        command += ["--set", text]
+    log = out / rate / f"{method}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    with open(log, "w") as f:
+        code = subprocess.call(command, cwd=REPO, stdout=f, stderr=subprocess.STDOUT)
+    print(f"  {rate:>8} {method:<18} {'ok' if code == 0 else f'FAILED ({code})'} "
+          f"in {time.time() - t0:.0f}s (log: {log})", flush=True)
+    if code != 0:
+        raise RuntimeError(f"{method} at {rate} failed; see {log}")
+    return run_dir
+
+
+def load(run_dir: Path) -> dict:
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if r["kind"] == "step"]
+    windows = [r for r in records if r["kind"] == "window"]
+    evals = [r for r in records if r["kind"] == "eval"]
+    return {"steps": steps, "windows": windows, "eval": evals[-1] if evals else {}}
+
+
+def smoothed(steps: list[dict], width: int = 10) -> list[float]:
+    """Trailing mean of the training loss (per-batch loss is noisy)."""
+    losses = [s["loss"] for s in steps]
+    return [sum(losses[max(0, i - width + 1):i + 1]) / len(losses[max(0, i - width + 1):i + 1])
+            for i in range(len(losses))]
+
+
+def summarize(run: dict, target: float, warmup: int = 10) -> dict:
+    steps = run["steps"]
+    s0, s1 = steps[warmup], steps[-1]
+    samples_per_step = s1["samples_per_sec"] * s1["t_iter"] if s1.get("samples_per_sec") else None
+    throughput = samples_per_step * (s1["step"] - s0["step"]) / (s1["time"] - s0["time"])
+    smooth = smoothed(steps)
+    reached = next((s["time"] for s, l in zip(steps, smooth) if l <= target), None)
+    tail = steps[-max(1, len(steps) // 10):]
+    sent_counts: dict[str, int] = {}
+    for s in steps:
+        key = f"{s['sent']}@{s['cf']:g}"
+        sent_counts[key] = sent_counts.get(key, 0) + 1
+    return {
+        "samples_per_sec": throughput,
+        "time": s1["time"],
+        "time_to_target": reached,
+        "final_loss": sum(s["loss"] for s in tail) / len(tail),
+        "eval_loss": run["eval"].get("loss"),
+        "eval_top1": run["eval"].get("top1"),
+        "floats_ratio": s1["cum_floats_sent"] / s1["cum_dense_floats"],
+        "sent": sent_counts,
+        "windows": [(w["step"], w["theta_min"], w["theta_c"], w["settled"]) for w in run["windows"]],
+    }
+
+
+def table(rate: str, results: dict[str, dict], target: float) -> str:
+    dense = results["dense"]
+    lines = [f"### {rate}: target training loss {target:.4f} (dense, smoothed, at 80% of its steps)",
+             "",
+             "| method | samples/s | vs dense | vs fp16 | time to target (s) | vs dense "
+             "| final loss | vs dense | eval top-1 | floats sent / dense |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    fp16 = results.get("horovod_fp16")
+    for name, r in results.items():
+        ttt = r["time_to_target"]
+        ttt_ratio = (ttt / dense["time_to_target"]) if ttt and dense["time_to_target"] else None
+        lines.append(
+            f"| {name} | {r['samples_per_sec']:.0f} "
+            f"| {r['samples_per_sec'] / dense['samples_per_sec']:.2f}x "
+            f"| {(r['samples_per_sec'] / fp16['samples_per_sec']) if fp16 else math.nan:.2f}x "
+            f"| {'never' if ttt is None else f'{ttt:.1f}'} "
+            f"| {'—' if ttt_ratio is None else f'{ttt_ratio:.2f}x'} "
+            f"| {r['final_loss']:.4f} | {(r['final_loss'] / dense['final_loss'] - 1) * 100:+.1f}% "
+            f"| {r['eval_top1']:.3f} | {r['floats_ratio']:.4f} |")
+    for name in (n for n in results if n.startswith("gravac")):
+        g = results[name]
+        lines += ["", f"{name}: steps per sent@CF: {g['sent']}; windows (step, θmin, θc, "
+                  "settled): " + ", ".join(f"({s}, {a:g}, {b:g}, {'yes' if c else 'no'})"
+                                           for s, a, b, c in g["windows"])]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rates", nargs="+", default=["1gbit", "100mbit"])
+    parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    parser.add_argument("--np", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=REPO / "runs/benchmarks/e2e")
+    parser.add_argument("--set", dest="extra", action="append", default=[],
+                        help="extra train.py override for every run (KEY=VALUE)")
+    args = parser.parse_args()
+    if "dense" not in args.methods:
+        parser.error("--methods must include dense: every ratio is to the dense run")
+    methods = ["dense"] + [m for m in args.methods if m != "dense"]
+    print(f"end-to-end: {len(methods)} methods x {len(args.rates)} rates, {args.steps} steps, "
+          f"{args.np} ranks, workload {WORKLOAD}", flush=True)
+    sections, everything = [], {}
+    for rate in args.rates:
+        results = {}
+        for method in methods:
+            run_dir = run_one(method, rate, args.steps, args.out, args.np, args.extra)
+            results[method] = load(run_dir)
+        dense_steps = results["dense"]["steps"]
+        target = smoothed(dense_steps)[int(0.8 * len(dense_steps)) - 1]
+        summary = {m: summarize(r, target) for m, r in results.items()}
+        sections.append(table(rate, summary, target))
+        everything[rate] = {"target": target, "runs": summary}
+        print("\n" + sections[-1] + "\n", flush=True)
+        subprocess.call([str(REPO / ".venv/bin/python"), "-m", "gravac.report",
+                         *[str(args.out / rate / m) for m in methods],
+                         "--baseline", str(args.out / rate / "dense"),
+                         "--out", str(args.out / rate / "report")], cwd=REPO,
+                        stdout=subprocess.DEVNULL)
+    sys.path.insert(0, str(REPO))
+    from gravac.train.atomic import atomic_write_text
+
+    header = (f"# End-to-end results\n\n{len(methods)} methods, {args.steps} steps, {args.np} ranks,"
+              f" workload `{WORKLOAD}`, command `{' '.join(sys.argv)}`\n\n")
+    atomic_write_text(args.out / "results.md", header + "\n\n".join(sections) + "\n")
+    atomic_write_text(args.out / "results.json", json.dumps(everything, indent=1, default=str))
+    print(f"results: {args.out / 'results.md'}; reports: {args.out}/<rate>/report/report.md")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
