@@ -39,11 +39,14 @@ METHODS: dict[str, tuple[str, list[str]]] = {
     # Accordion's intervals are epochs in the paper; here runs are a few hundred steps.
     "accordion": ("accordion_cnn.yaml", ["compression.accordion.interval_steps=25",
                                          "compression.accordion.switch_freq=2"]),
-    # The paper's exponential GraVAC, with a window that fits a short run.
-    "gravac": ("gravac_exp_topk.yaml", ["compression.gravac.window=25"]),
+    # The paper's exponential GraVAC, with a window that fits a short run, measuring dense
+    # in the last 5 warm-up steps so that it can notice when compression does not pay.
+    "gravac": ("gravac_exp_topk.yaml", ["compression.gravac.window=25",
+                                        "compression.gravac.dense_probe_steps=5"]),
     # The same with a lower gain threshold and a faster EWMA: what this workload, whose gains
     # fall quickly with the CF (~0.6 at 10x, ~0.3 at 20x), needs for GraVAC to climb.
     "gravac_eps0.3": ("gravac_exp_topk.yaml", ["compression.gravac.window=25",
+                                               "compression.gravac.dense_probe_steps=5",
                                                "compression.gravac.epsilon=0.3",
                                                "compression.gravac.alpha=0.2"]),
 }

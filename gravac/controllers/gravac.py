@@ -16,6 +16,11 @@ Points ALGORITHM.md leaves to the implementation, settled here:
   up to θc, δmin continues from δc (the same CF was being measured).
 * T_compress uses the smoothed gain of what was sent (δc, δmin, or 1 for dense).
 * Once settled, CFs stay fixed; the per-step ε rule still falls back to θmin or dense.
+* Extensions (issue 5: on a fast link GraVAC must not slow training down): when dense has
+  the best compression throughput of all measured CFs, GraVAC settles on dense; and
+  ``dense_probe_steps`` > 0 sends the last steps of the warm-up window dense so that dense
+  throughput is measured at all (otherwise it is only measured when gains fall below ε).
+  The default 0 keeps ALGORITHM.md's warm-up (θmin only).
 """
 from __future__ import annotations
 
@@ -54,7 +59,7 @@ class GraVAC(Controller):
 
     def __init__(self, theta_min: float = 10, theta_max: float = 1000, epsilon: float = 0.7,
                  omega: float = 0.01, window: int = 500, policy: str = "exponential",
-                 alpha: float | None = None):
+                 alpha: float | None = None, dense_probe_steps: int = 0):
         _check_number("theta_min", theta_min, "a number >= 1", lambda v: v >= 1)
         _check_number("theta_max", theta_max, f"a number >= theta_min ({theta_min})",
                       lambda v: v >= theta_min)
@@ -67,6 +72,10 @@ class GraVAC(Controller):
                              f"{', '.join(POLICIES)}")
         if alpha is not None:
             _check_number("alpha", alpha, "in (0, 1] or None", lambda v: 0 < v <= 1)
+        if isinstance(dense_probe_steps, bool) or not isinstance(dense_probe_steps, int) \
+                or not 0 <= dense_probe_steps < window:
+            raise ValueError(f"GraVAC(dense_probe_steps={dense_probe_steps!r}): must be an int "
+                             f"in [0, window) = [0, {window})")
         self.theta_min0 = float(theta_min)
         self.theta_max = float(theta_max)
         self.epsilon = float(epsilon)
@@ -74,6 +83,7 @@ class GraVAC(Controller):
         self.window = window
         self.policy = policy
         self.alpha_option = alpha
+        self.dense_probe_steps = dense_probe_steps
         self.ladder = build_ladder(self.theta_min0, self.theta_max, policy)
         self._state = self._initial_state(alpha if alpha is not None else default_alpha(1))
 
@@ -134,8 +144,11 @@ class GraVAC(Controller):
         return step >= self.window and self.theta_c > self.theta_min
 
     def plan(self, step: int) -> StepPlan:
+        if self.window - self.dense_probe_steps <= step < self.window:
+            return StepPlan(theta_min=1.0)       # measuring dense throughput (warm-up's end)
         theta_c = self.theta_c if self._candidate_active(step) else None
-        return StepPlan(theta_min=self.theta_min, theta_c=theta_c, needs_gains=True)
+        return StepPlan(theta_min=self.theta_min, theta_c=theta_c,
+                        needs_gains=self.theta_min > 1)
 
     def _ewma(self, old, sample):
         if old is None:
@@ -238,7 +251,8 @@ class GraVAC(Controller):
     def describe(self) -> dict:
         return {"controller": "GraVAC", "theta_min": self.theta_min0, "theta_max": self.theta_max,
                 "epsilon": self.epsilon, "omega": self.omega, "window": self.window,
-                "policy": self.policy, "alpha": self.alpha_option}
+                "policy": self.policy, "alpha": self.alpha_option,
+                "dense_probe_steps": self.dense_probe_steps}
 
     def __repr__(self) -> str:
         return (f"GraVAC(theta_min={self.theta_min0:g}, theta_max={self.theta_max:g}, "
@@ -247,12 +261,19 @@ class GraVAC(Controller):
 
 
 def saturation_point(table: dict, omega: float):
-    """The smaller CF of the two best compression throughputs when they are within ω.
+    """Where compression throughput saturates, or None while it still grows.
+
+    The smaller CF of the two best compression throughputs when they are within ω
+    (ALGORITHM.md). Extension: when dense (CF 1) has the best compression throughput of all
+    measured CFs, compression does not pay for itself (its speed-up is smaller than the
+    gradient energy it drops, since every gain is <= 1), so the answer is dense.
 
     >>> saturation_point({1280.0: 1029.9, 2000.0: 1035.4, 640.0: 900.0}, 0.01)
     1280.0
     >>> saturation_point({10.0: 500.0, 20.0: 700.0}, 0.01) is None
     True
+    >>> saturation_point({1.0: 1100.0, 10.0: 500.0}, 0.01)
+    1.0
     """
     if len(table) < 2:
         return None
@@ -260,6 +281,8 @@ def saturation_point(table: dict, omega: float):
     best = max(t1, t2)
     if best <= 0:
         return None
+    if float(cf1) == 1.0:
+        return 1.0
     if abs(t1 - t2) / best <= omega:
         return min(cf1, cf2)
     return None

@@ -115,6 +115,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._synchronized = False
         self._should_synchronize = True
         self._codecs: dict[tuple[str, ...], SparseCompression] = {}
+        # CUDA kernels run asynchronously: time phases only after the device has finished.
+        self._cuda = any(l.param.is_cuda for l in self._layers)
 
     # -- public helpers -------------------------------------------------------------------
     @property
@@ -187,9 +189,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             return 1.0, 1.0
         return float(sq[0]) / total, float(sq[1]) / total
 
+    def _now(self) -> float:
+        if self._cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
     def synchronize(self):
         """Compress, communicate and aggregate all gradients (``step()`` calls this)."""
-        t0 = time.perf_counter()
+        t0 = self._now()
         step = self._gravac_step
         t_compute = None if self._last_step_end is None else t0 - self._last_step_end
         # A learning-rate decay (seen in the param groups, which every rank shares) must
@@ -253,7 +260,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if selections:
             codec = self._codec([s.layer for s in selections])
             buffer, ctx = codec.compress(packed)
-        t1 = time.perf_counter()
+        t1 = self._now()
 
         # One fused allgather for sparse layers, one grouped allreduce for dense ones.
         gather_handle = reduce_handle = None
@@ -268,13 +275,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         gathered = hvd.synchronize(gather_handle) if gather_handle is not None else None
         if reduce_handle is not None:
             hvd.synchronize(reduce_handle)
-        t2 = time.perf_counter()
+        t2 = self._now()
 
         if gathered is not None:
             flat = codec.decompress(gathered, ctx, world_size=self._sync.size)
             for s, part in zip(selections, codec.split(flat, ctx)):
                 s.layer.param.grad.view(-1).copy_(part)
-        t3 = time.perf_counter()
+        t3 = self._now()
 
         kept = sum(int(v.numel()) for v, _ in packed)
         dense_numel = sum(l.numel for l in dense)
@@ -318,9 +325,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if not self._synchronized:
             # Inside skip_synchronize() without a synchronize(): a purely local step.
             return super(self.__class__, self).step(closure)
-        t0 = time.perf_counter()
+        t0 = self._now()
         loss = super(self.__class__, self).step(closure)
-        t1 = time.perf_counter()
+        t1 = self._now()
         self._synchronized = False
         stats = self.last_stats
         stats["t_update"] = t1 - t0

@@ -95,6 +95,7 @@ class GraVACConfig:
     window: int = 500
     policy: str = "exponential"
     alpha: float | None = None
+    dense_probe_steps: int = 0
 
 
 @dataclass
@@ -368,7 +369,8 @@ def build_controller(c: CompressionConfig):
     if c.controller == "gravac":
         g = c.gravac
         return GraVAC(theta_min=g.theta_min, theta_max=g.theta_max, epsilon=g.epsilon,
-                      omega=g.omega, window=g.window, policy=g.policy, alpha=g.alpha)
+                      omega=g.omega, window=g.window, policy=g.policy, alpha=g.alpha,
+                      dense_probe_steps=g.dense_probe_steps)
     a = c.accordion
     return Accordion(low_cf=a.low_cf, high_cf=a.high_cf, switch_freq=a.switch_freq,
                      interval_steps=a.interval_steps, eta=a.eta)

@@ -23,7 +23,10 @@ def run(ctrl, steps, gains, throughput, start=0, samples=64):
     for step in range(start, start + steps):
         plan = ctrl.plan(step)
         g_min, g_c = gains(step, plan)
-        sent = ctrl.decide(g_min, g_c if plan.theta_c is not None else None)
+        if plan.theta_min <= 1:
+            sent = "dense"   # nothing sparse: the optimizer sends dense without asking
+        else:
+            sent = ctrl.decide(g_min, g_c if plan.theta_c is not None else None)
         cf = {"candidate": plan.theta_c, "min": plan.theta_min, "dense": 1.0}[sent]
         log.append((step, sent, cf, plan.theta_min, plan.theta_c))
         ctrl.end_step(StepRecord(step=step, sent=sent, cf=cf, gain=1.0,
@@ -97,6 +100,21 @@ def test_settles_on_dense_when_compression_does_not_pay():
     gains = lambda s, p: (0.5, 0.4) if s < 3 else (0.95, 0.5)
     run(ctrl, 6, gains, lambda cf: 1000.0 if cf == 1 else 1050.0)
     assert ctrl.settled and ctrl.theta_c == 1.0 and ctrl.theta_min == 1.0
+
+
+def test_dense_probe_measures_dense_and_settles_there_when_it_is_fastest():
+    """A fast link: dense at 1000 samples/s beats CF 10 at 900 x gain 0.8 = 720."""
+    ctrl = GraVAC(theta_min=10, theta_max=1000, window=10, alpha=1.0, dense_probe_steps=3)
+    log = run(ctrl, 14, lambda s, p: (0.8, 0.6), lambda cf: 1000.0 if cf == 1 else 900.0)
+    assert [e[1] for e in log[:10]] == ["min"] * 7 + ["dense"] * 3
+    assert ctrl.settled and ctrl.theta_min == 1.0 and ctrl.theta_c == 1.0
+    assert all(e[1] == "dense" and e[3] == 1.0 for e in log[10:])
+    # a slow link: compression pays, the probe does not stop GraVAC from climbing
+    slow = GraVAC(theta_min=10, theta_max=1000, window=10, alpha=1.0, dense_probe_steps=3)
+    run(slow, 14, lambda s, p: (0.8, 0.6), lambda cf: 100.0 * cf)
+    assert not slow.settled and slow.theta_c == 20
+    with pytest.raises(ValueError, match=r"dense_probe_steps"):
+        GraVAC(window=10, dense_probe_steps=10)
 
 
 def test_gain_drop_falls_back_per_step_without_waiting_for_a_window():
