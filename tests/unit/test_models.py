@@ -132,7 +132,23 @@ def test_build_model(name, kwargs, cls):
 
 
 def test_build_model_knows_the_names():
-    assert set(MODEL_NAMES) == {"resnet18", "resnet50", "resnet101", "vgg16", "lstm", "small_cnn"}
+    assert set(MODEL_NAMES) == {"resnet18", "resnet50", "resnet101", "vgg16", "lstm", "small_cnn",
+                                "wide_head_cnn"}
+
+
+def test_wide_head_cnn_shapes_and_where_its_parameters_are():
+    model = build_model("wide_head_cnn", num_classes=7, width=64)
+    x = torch.rand(3, 3, 32, 32, requires_grad=False)
+    out = model(x)
+    assert out.shape == (3, 7)
+    out.sum().backward()
+    assert all(p.grad is not None and p.grad.shape == p.shape for p in model.parameters())
+    big = build_model("wide_head_cnn")            # width 1024 on 32x32: ~3.2M parameters
+    total = sum(p.numel() for p in big.parameters())
+    wide = big.fc1.weight.numel() + big.fc2.weight.numel()
+    assert 3_000_000 < total < 3_400_000 and wide / total > 0.95
+    with pytest.raises(ValueError, match="image_size must be >= 4"):
+        build_model("wide_head_cnn", image_size=2)
 
 
 def test_build_model_unknown_name_lists_known():
