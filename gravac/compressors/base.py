@@ -104,6 +104,11 @@ class Compressor(ABC):
         k = min(k, n)
         return k, k
 
+    def describe(self) -> dict:
+        """Name and public options (what every rank must agree on)."""
+        return {"name": self.name,
+                **{k: v for k, v in sorted(vars(self).items()) if not k.startswith("_")}}
+
     def state_dict(self) -> dict:
         """The private sampling generator's state, so a resumed run draws the same samples."""
         gen = getattr(self, "_generator", None)

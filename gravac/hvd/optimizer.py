@@ -23,6 +23,7 @@ from .. import compressors as _compressors
 from ..compressors import SelectContext, num_kept
 from ..controllers import SENT_CANDIDATE, SENT_DENSE, SENT_MIN, Controller, Static, StepRecord
 from ..memory import ResidualMemory, SparseSent
+from .agreement import check_agreement
 from .compression import SparseCompression, SparseLayer
 from .sync import HorovodSync
 
@@ -106,6 +107,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._layers = _named_layers(self.param_groups, named_parameters, min_compress_numel,
                                      compressor)
         self._sync = HorovodSync(process_set)
+        # Before anything else: ranks with different set-ups would issue different
+        # collectives (a hang) or mix unrelated tensors. Raises on every rank alike.
+        check_agreement(self.describe_setup(), process_set, name=f"{name_prefix}.agree")
         self.memory = ResidualMemory()
         self.controller.bind([l.name for l in self._layers if l.compressible], self._sync)
         self.last_stats: dict = {}
@@ -123,6 +127,17 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def layer_names(self) -> list[str]:
         """Names of the parameters this optimizer communicates, in collective order."""
         return [l.name for l in self._layers]
+
+    def describe_setup(self) -> dict:
+        """What every rank must agree on: compressor, controller, parameters, options."""
+        return {
+            "compressor": self.compressor.describe(),
+            "controller": self.controller.describe(),
+            "min_compress_numel": self.min_compress_numel,
+            "name_prefix": self._prefix,
+            "parameters": [f"{l.name} {tuple(l.param.shape)} {l.param.dtype}"
+                           f"{' compressed' if l.compressible else ''}" for l in self._layers],
+        }
 
     @property
     def compressed_layer_names(self) -> list[str]:
