@@ -171,7 +171,8 @@ class GraVAC(Controller):
 
     def end_step(self, record: StepRecord, sync: Sync) -> None:
         s = self._state
-        if record.t_iter is not None and record.t_iter > 0:
+        if record.t_iter is not None and record.t_iter > 0 \
+                and record.sent in (SENT_CANDIDATE, SENT_MIN, SENT_DENSE):
             t_sys = (record.samples or 1.0) / record.t_iter
             if record.sent == SENT_CANDIDATE:
                 gain = s["delta_c"]

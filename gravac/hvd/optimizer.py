@@ -22,6 +22,8 @@ import torch
 from .. import compressors as _compressors
 from ..compressors import SelectContext, num_kept
 from ..controllers import SENT_CANDIDATE, SENT_DENSE, SENT_MIN, Controller, Static, StepRecord
+
+SENT_SKIPPED = "skipped"
 from ..memory import ResidualMemory, SparseSent
 from .agreement import check_agreement
 from .compression import SparseCompression, SparseLayer
@@ -90,7 +92,7 @@ def _named_layers(param_groups, named_parameters, min_compress_numel, compressor
 
 class _DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params, named_parameters, compressor, controller, min_compress_numel,
-                 batch_size, process_set, name_prefix):
+                 batch_size, process_set, name_prefix, nonfinite, max_consecutive_skips):
         super(self.__class__, self).__init__(params)
         if isinstance(min_compress_numel, bool) or not isinstance(min_compress_numel, int) \
                 or min_compress_numel < 1:
@@ -98,6 +100,17 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if batch_size is not None and not (isinstance(batch_size, int) and batch_size > 0):
             raise ValueError(f"batch_size must be a positive int (samples per rank per step) "
                              f"or None, got {batch_size!r}")
+        if nonfinite not in ("skip", "raise"):
+            raise ValueError(f"nonfinite must be 'skip' (skip the step on every rank) or 'raise' "
+                             f"(stop), got {nonfinite!r}")
+        if isinstance(max_consecutive_skips, bool) or not isinstance(max_consecutive_skips, int) \
+                or max_consecutive_skips < 0:
+            raise ValueError(f"max_consecutive_skips must be an int >= 0, got "
+                             f"{max_consecutive_skips!r}")
+        self.nonfinite = nonfinite
+        self.max_consecutive_skips = max_consecutive_skips
+        self._consecutive_skips = 0
+        self.skipped_steps: list[dict] = []
         self.compressor = compressor
         self.controller = controller
         self.min_compress_numel = min_compress_numel
@@ -135,6 +148,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             "controller": self.controller.describe(),
             "min_compress_numel": self.min_compress_numel,
             "name_prefix": self._prefix,
+            "nonfinite": self.nonfinite,
+            "max_consecutive_skips": self.max_consecutive_skips,
             "parameters": [f"{l.name} {tuple(l.param.shape)} {l.param.dtype}"
                            f"{' compressed' if l.compressible else ''}" for l in self._layers],
         }
@@ -209,6 +224,42 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             torch.cuda.synchronize()
         return time.perf_counter()
 
+    def _nonfinite_ranks(self) -> list[int]:
+        """Ranks whose gradient has a NaN or Inf this step, agreed by one tiny allreduce.
+
+        Checked before error feedback touches the residuals, so a skipped step leaves them
+        as they were. A float64 sum is finite exactly when no entry is NaN or Inf.
+        """
+        grads = [l.param.grad for l in self._layers]
+        local = torch.stack([g.sum(dtype=torch.float64) for g in grads]).sum() if grads else None
+        flags = torch.zeros(self._sync.size, dtype=torch.float64)
+        if local is not None and not bool(torch.isfinite(local)):
+            flags[self._sync.rank] = 1.0
+        flags = hvd.allreduce(flags, op=hvd.Sum, name=f"{self._prefix}.finite",
+                              process_set=self.process_set)
+        return [r for r, f in enumerate(flags.tolist()) if f > 0]
+
+    def _skip(self, step: int, bad_ranks: list[int], t0: float, t_compute) -> None:
+        self._consecutive_skips += 1
+        event = {"step": step, "ranks": bad_ranks}
+        self.skipped_steps.append(event)
+        if self.nonfinite == "raise" or self._consecutive_skips > self.max_consecutive_skips:
+            why = ("nonfinite='raise'" if self.nonfinite == "raise" else
+                   f"{self._consecutive_skips} consecutive steps skipped (max_consecutive_skips="
+                   f"{self.max_consecutive_skips})")
+            raise FloatingPointError(
+                f"non-finite gradient (NaN or Inf) at step {step} on rank(s) "
+                f"{', '.join(map(str, bad_ranks))}; stopping: {why}. Lower the learning rate, "
+                "clip gradients (optimizer.grad_clip) or check the data of those ranks.")
+        total = sum(l.numel for l in self._layers)
+        self.last_stats = {"step": step, "sent": SENT_SKIPPED, "cf": 1.0, "nonfinite_ranks": bad_ranks,
+                           "theta_min": None, "theta_c": None, "gain_min": None, "gain_c": None,
+                           "values_sent": 0, "floats_sent": 0, "dense_floats": total,
+                           "bytes_sent": 0, "sparse_layers": 0, "dense_layers": 0,
+                           "t_compute": t_compute, "t_compress": self._now() - t0, "t_comm": 0.0,
+                           "t_update": 0.0, "t_iter": None}
+        self._synchronized = True
+
     def synchronize(self):
         """Compress, communicate and aggregate all gradients (``step()`` calls this)."""
         t0 = self._now()
@@ -226,6 +277,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             if layer.param.grad is None:
                 # Every rank must send every layer (another rank may have a gradient for it).
                 layer.param.grad = torch.zeros_like(layer.param)
+        bad_ranks = self._nonfinite_ranks()
+        if bad_ranks:
+            self._skip(step, bad_ranks, t0, t_compute)
+            return
         if self.controller.wants_gradients:
             self.controller.observe_gradients(
                 {l.name: l.param.grad for l in self._layers if l.compressible})
@@ -332,6 +387,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         }
         if plan.layer_cf is not None:
             self.last_stats["layer_cf"] = dict(plan.layer_cf)
+        self._consecutive_skips = 0
         self._synchronized = True
 
     def step(self, closure=None):
@@ -340,6 +396,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if not self._synchronized:
             # Inside skip_synchronize() without a synchronize(): a purely local step.
             return super(self.__class__, self).step(closure)
+        if self.last_stats.get("sent") == SENT_SKIPPED:
+            # Every rank agreed to skip: no update, residuals untouched, the step counts.
+            self._synchronized = False
+            self._last_step_end = self._now()
+            self.controller.end_step(StepRecord(step=self.last_stats["step"], sent=SENT_SKIPPED,
+                                                cf=1.0, gain=1.0, t_iter=None), self._sync)
+            self._gravac_step += 1
+            return None
         t0 = self._now()
         loss = super(self.__class__, self).step(closure)
         t1 = self._now()
@@ -413,7 +477,8 @@ def _make_controller(controller) -> Controller:
 def DistributedOptimizer(optimizer, named_parameters, compressor="topk", controller=None,
                          min_compress_numel: int = 1024, compressor_options: dict | None = None,
                          batch_size: int | None = None, process_set=None,
-                         name_prefix: str = "gravac"):
+                         name_prefix: str = "gravac", nonfinite: str = "skip",
+                         max_consecutive_skips: int = 10):
     """Wrap a torch optimizer so that ``step()`` averages gradients across Horovod ranks
     with compressed (sparse) communication and error feedback.
 
@@ -435,6 +500,10 @@ def DistributedOptimizer(optimizer, named_parameters, compressor="topk", control
         process_set: Horovod process set (default: all ranks).
         name_prefix: prefix of the collectives' names; give two wrapped optimizers that
             step concurrently different prefixes.
+        nonfinite: what a NaN/Inf gradient on any rank does (detected collectively before
+            the residuals are touched): ``"skip"`` the step on every rank, or ``"raise"``
+            FloatingPointError on every rank. Skipped steps are listed in ``skipped_steps``.
+        max_consecutive_skips: with ``"skip"``, raise after this many skips in a row.
 
     After each ``step()``, ``optimizer.last_stats`` describes it (CF sent, gains, floats
     sent, timings) and ``optimizer.memory[name]`` is the residual of a parameter.
@@ -463,4 +532,4 @@ def DistributedOptimizer(optimizer, named_parameters, compressor="topk", control
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_DistributedOptimizer.__dict__))
     return cls(optimizer.param_groups, named_parameters, comp, ctrl, min_compress_numel,
-               batch_size, process_set, name_prefix)
+               batch_size, process_set, name_prefix, nonfinite, max_consecutive_skips)

@@ -33,7 +33,7 @@ _STEP_NUMBERS = ("epoch", "time", "loss", "lr", "cf", "theta_min", "theta_c", "g
 _EVAL_NUMBERS = ("time", "loss", "top1", "top5", "perplexity")
 _WINDOW_NUMBERS = ("time", "theta_min", "theta_c", "delta_min", "delta_c")
 _END_NUMBERS = ("time",)
-_SENT_VALUES = ("candidate", "min", "dense")
+_SENT_VALUES = ("candidate", "min", "dense", "skipped")  # skipped: non-finite gradient
 
 
 class RunLoadError(ValueError):

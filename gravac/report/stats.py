@@ -173,7 +173,10 @@ def _ratio(num: float | None, den: float | None) -> float | None:
 
 
 def step_cf(rec: dict) -> float | None:
-    """The CF a step line sent at (a dense send is CF 1 even when ``cf`` is missing)."""
+    """The CF a step line sent at (a dense send is CF 1 even when ``cf`` is missing; a step
+    skipped for a non-finite gradient sent nothing and has no CF)."""
+    if rec.get("sent") == "skipped":
+        return None
     if rec.get("sent") == "dense":
         return 1.0
     return rec.get("cf")

@@ -115,6 +115,9 @@ class CompressionConfig:
     min_compress_numel: int = 1024
     cf: float = 100.0
     horovod_compression: str = "none"
+    # A NaN/Inf gradient on any rank: "skip" the step on every rank, or "raise" (stop).
+    nonfinite: str = "skip"
+    max_consecutive_skips: int = 10
     gravac: GraVACConfig = field(default_factory=GraVACConfig)
     accordion: AccordionConfig = field(default_factory=AccordionConfig)
 
@@ -344,6 +347,10 @@ def validate(cfg: Config) -> None:
              "applies to compression.controller=dense only (plain Horovod allreduce)")
     _require(c.min_compress_numel >= 1, "compression.min_compress_numel", c.min_compress_numel,
              "must be >= 1")
+    _require(c.nonfinite in ("skip", "raise"), "compression.nonfinite", c.nonfinite,
+             "must be skip (skip the step on every rank) or raise (stop the run)")
+    _require(c.max_consecutive_skips >= 0, "compression.max_consecutive_skips",
+             c.max_consecutive_skips, "must be >= 0")
     if c.controller != "dense":
         from .. import compressors
         try:

@@ -44,7 +44,9 @@ def build_optimizer(cfg: Config, model: torch.nn.Module):
                                        compressor_options=c.compressor_options,
                                        controller=build_controller(c),
                                        min_compress_numel=c.min_compress_numel,
-                                       batch_size=cfg.data.batch_size)
+                                       batch_size=cfg.data.batch_size,
+                                       nonfinite=c.nonfinite,
+                                       max_consecutive_skips=c.max_consecutive_skips)
 
 
 def _prepare_run_dir(cfg: Config, run_dir: Path, resume: bool, rank: int) -> None:
@@ -207,6 +209,11 @@ def train(cfg: Config, resume: bool = False, dry_run: bool = False) -> dict:
         t_iter, last_end = now - last_end, now
 
         stats = _step_stats(opt, dense_numel)
+        if stats["sent"] == "skipped":
+            log.record({"kind": "nonfinite", "step": step, "time": elapsed0 + now - start,
+                        "ranks": stats["nonfinite_ranks"]})
+            log.message(f"step {step}: non-finite gradient on rank(s) "
+                        f"{stats['nonfinite_ranks']}; step skipped on every rank")
         cum_floats += stats["floats_sent"]
         cum_dense += stats["dense_floats"]
         if step % cfg.run.log_interval == 0 or step == 1 or step == total_steps:
