@@ -86,24 +86,67 @@ def latest_info(run_dir) -> dict | None:
         return None
 
 
-def load_checkpoint(run_dir, rank: int):
-    """(common, rank_state, info) of the latest complete checkpoint, or None if none.
+def _candidates(run_dir) -> list[dict]:
+    """The latest complete checkpoint, then the older ones, newest first.
 
-    A rank that did not exist when the checkpoint was written (more ranks now) gets
-    ``rank_state = None``: it starts with empty residuals.
+    A folder newer than latest.json is a save that crashed midway: never a candidate.
     """
     info = latest_info(run_dir)
     if info is None:
-        return None
-    folder = checkpoint_root(run_dir) / info["dir"]
+        return []
+    root = checkpoint_root(run_dir)
+    older = sorted((p for p in root.glob("step_*") if p.is_dir() and p.name < info["dir"]),
+                   reverse=True)
+    return [info] + [{"step": int(p.name.split("_")[1]), "dir": p.name,
+                      "world_size": info["world_size"]} for p in older]
+
+
+def _read(folder: Path, rank: int, world_size: int):
+    """(common, rank_state) or the reason they cannot be used."""
+    rank_file = folder / f"rank_{rank:05d}.pt"
+    if rank < world_size and not rank_file.is_file():
+        return None, f"{rank_file.name} is missing"
     try:
         common = torch.load(folder / "common.pt", map_location="cpu", weights_only=False)
-    except Exception as exc:  # noqa: BLE001 - any unreadable file is the same problem
-        raise RuntimeError(f"checkpoint {folder / 'common.pt'} cannot be read ({exc}); "
-                           f"remove {folder} and {checkpoint_root(run_dir) / LATEST} to fall "
-                           "back to an earlier checkpoint, or start a new run") from None
-    rank_file = folder / f"rank_{rank:05d}.pt"
-    rank_state = None
-    if rank_file.is_file():
-        rank_state = torch.load(rank_file, map_location="cpu", weights_only=False)
-    return common, rank_state, info
+        rank_state = (torch.load(rank_file, map_location="cpu", weights_only=False)
+                      if rank_file.is_file() else None)
+    except Exception as exc:  # noqa: BLE001 - truncated zip, bad pickle, I/O error: all unusable
+        return None, f"{type(exc).__name__}: {exc}"
+    missing = {"model", "scheduler", "step"} - set(common) if isinstance(common, dict) else {"all"}
+    if missing:
+        return None, f"common.pt lacks {sorted(missing)}"
+    if rank_state is not None and not {"optimizer", "rng", "task"} <= set(rank_state):
+        return None, f"rank_{rank:05d}.pt is incomplete"
+    return (common, rank_state), None
+
+
+def load_checkpoint(run_dir, rank: int, log=print):
+    """Collective: (common, rank_state, info) of the newest checkpoint every rank can read.
+
+    A truncated or corrupt file makes every rank skip that checkpoint (agreed with one tiny
+    allreduce per candidate) and try the previous one; ``log`` is told why. Returns None
+    when there is no checkpoint. A rank that did not exist when the checkpoint was written
+    gets ``rank_state = None`` (it starts with empty residuals).
+    """
+    import horovod.torch as hvd
+
+    candidates = hvd.broadcast_object(_candidates(run_dir), root_rank=0,
+                                      name="gravac.checkpoint.candidates")
+    for i, info in enumerate(candidates):
+        folder = checkpoint_root(run_dir) / info["dir"]
+        loaded, problem = _read(folder, rank, info["world_size"])
+        bad = torch.zeros(hvd.size())
+        if problem is not None:
+            bad[rank] = 1.0
+        bad = hvd.allreduce(bad, op=hvd.Sum, name=f"gravac.checkpoint.check.{i}")
+        if not bool(bad.any()):
+            return loaded[0], loaded[1], info
+        if problem is not None:
+            log(f"checkpoint {folder} cannot be used on rank {rank} ({problem})")
+        if rank == 0:
+            ranks = [r for r, b in enumerate(bad.tolist()) if b]
+            log(f"checkpoint {folder} is unreadable on rank(s) {ranks}; trying an earlier one")
+    if candidates:
+        raise RuntimeError(f"no readable checkpoint in {checkpoint_root(run_dir)} (tried "
+                           f"{', '.join(c['dir'] for c in candidates)}); start a new run")
+    return None

@@ -126,7 +126,8 @@ def train(cfg: Config, resume: bool = False, dry_run: bool = False) -> dict:
     elapsed0 = 0.0
     cum_floats = cum_dense = 0
     if resume:
-        common, rank_state, info = load_checkpoint(run_dir, rank)
+        common, rank_state, info = load_checkpoint(
+            run_dir, rank, log=lambda text: print(f"[rank {rank}] {text}", flush=True))
         if info["world_size"] != world:
             raise ConfigError(f"--resume: the checkpoint was written by {info['world_size']} ranks, "
                               f"this job has {world}; run with -np {info['world_size']}")
@@ -140,6 +141,7 @@ def train(cfg: Config, resume: bool = False, dry_run: bool = False) -> dict:
         cum_floats, cum_dense = common["cum_floats"], common["cum_dense"]
         if rank == 0:
             truncate_metrics(run_dir, step)
+            print(f"resuming from step {step} ({run_dir / 'checkpoints' / info['dir']})", flush=True)
     else:
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         hvd.broadcast_optimizer_state(opt, root_rank=0)

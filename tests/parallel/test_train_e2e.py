@@ -99,3 +99,27 @@ def test_occupied_run_dir_is_refused_on_every_rank(shared_tmp):
         train(cfg)
     with pytest.raises(ConfigError, match="no checkpoint"):
         train(_cfg(shared_tmp, "never-ran", steps=2), resume=True)
+
+
+def test_corrupt_latest_checkpoint_falls_back_to_the_previous_one(shared_tmp, rank, capsys):
+    """Truncate one rank's file of the newest checkpoint: resume uses the one before it,
+    and the run still ends exactly where an uninterrupted run ends."""
+    extra = ["run.checkpoint_interval=10", "run.keep_checkpoints=3"]
+    train(_cfg(shared_tmp, "straight30", "static_topk_10x.yaml", steps=30, extra=extra))
+    train(_cfg(shared_tmp, "broken", "static_topk_10x.yaml", steps=20, extra=extra))
+    victim = Path(shared_tmp) / "broken/checkpoints/step_00000020/rank_00001.pt"
+    if rank == 0:
+        data = victim.read_bytes()
+        victim.write_bytes(data[: len(data) // 3])          # a crash mid-write
+    hvd.allreduce(torch.zeros(1), name="corrupt.done")
+    train(_cfg(shared_tmp, "broken", "static_topk_10x.yaml", steps=30, extra=extra), resume=True)
+    out = capsys.readouterr().out
+    if rank == 0:
+        assert "step_00000020 is unreadable on rank(s) [1]" in out
+        assert "resuming from step 10" in out
+    a = torch.load(Path(shared_tmp) / "straight30/checkpoints/step_00000030/common.pt",
+                   weights_only=False)
+    b = torch.load(Path(shared_tmp) / "broken/checkpoints/step_00000030/common.pt",
+                   weights_only=False)
+    for key, value in a["model"].items():
+        assert torch.equal(value, b["model"][key]), key
