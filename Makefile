@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.gravac-installed
 NP     ?= 2
 
-.PHONY: install test test-unit test-parallel demo bench clean
+.PHONY: install test test-unit test-parallel test-faults demo bench clean
 
 # Reinstall when the venv is missing or the pins / installer changed.
 $(STAMP): requirements.txt hvd_scripts/install.sh
@@ -21,6 +21,9 @@ test-unit: $(STAMP)
 
 test-parallel: $(STAMP)
 	bash tests/run.sh parallel
+
+test-faults: $(STAMP)
+	bash tests/run.sh faults
 
 # GraVAC on the embedded digits data, 2 ranks; replaces the previous demo run.
 demo: $(STAMP)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Run the test suites: `tests/run.sh all|unit|parallel` (what `make test` calls).
-# Unit tests run in one process; parallel tests under horovodrun -np 2 --gloo. Ends with
-# one plain line "tests: N passed, N failed, N skipped" counting both.
+# Run the test suites: `tests/run.sh all|unit|parallel|faults` (`make test` runs all).
+# Unit tests run in one process; parallel tests under horovodrun -np 2 --gloo; fault tests
+# (tests/faults: killed and frozen ranks, property-based tests) launch their own jobs. Ends
+# with one plain line "tests: N passed, N failed, N skipped" counting all of them.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-all}
@@ -20,6 +21,10 @@ if [ "$what" = all ] || [ "$what" = parallel ]; then
     # A guard, not a speed limit: a collective mismatch must fail the run, never hang CI.
     timeout -k 30 1500 "$HOROVODRUN" -np 2 -H localhost:2 --gloo \
         bash tests/parallel/run_rank.sh "$results" -q -p no:cacheprovider || status=1
+fi
+if [ "$what" = all ] || [ "$what" = faults ]; then
+    echo "== fault tests =="
+    "$PY" -m pytest tests/faults -q -p no:cacheprovider --junitxml="$results/faults.xml" || status=1
 fi
 "$PY" tests/summarize.py "$results" || status=1
 exit $status

@@ -55,6 +55,8 @@ class RunConfig:
     overwrite: bool = False
     threads: int | None = None
     report: bool = True
+    # Seconds without a finished training step before a rank gives up (a peer hangs); 0: off.
+    stall_timeout: float = 60.0
 
 
 @dataclass
@@ -311,6 +313,8 @@ def validate(cfg: Config) -> None:
     _require(r.log_interval >= 1, "run.log_interval", r.log_interval, "must be >= 1")
     _require(r.progress in PROGRESS, "run.progress", r.progress, f"must be one of {', '.join(PROGRESS)}")
     _require(r.threads is None or r.threads >= 1, "run.threads", r.threads, "must be >= 1 or null")
+    _require(r.stall_timeout >= 0, "run.stall_timeout", r.stall_timeout,
+             "must be >= 0 seconds (0 turns the stall watchdog off)")
 
     from .models import MODEL_NAMES
     _require(cfg.model.name in MODEL_NAMES, "model.name", cfg.model.name,

@@ -24,6 +24,7 @@ from .checkpoint import latest_info, load_checkpoint, rng_state, save_checkpoint
 from .config import Config, ConfigError, build_controller, dump_yaml, to_dict
 from .monitor import METRICS, RunLogger, truncate_metrics
 from .tasks import build_task
+from .watchdog import StallWatchdog
 
 
 def build_optimizer(cfg: Config, model: torch.nn.Module):
@@ -181,6 +182,7 @@ def train(cfg: Config, resume: bool = False, dry_run: bool = False) -> dict:
         return result
 
     model.train()
+    watchdog = StallWatchdog(cfg.run.stall_timeout, rank).start()
     start = time.perf_counter()
     last_end = start
     final = {}
@@ -241,14 +243,19 @@ def train(cfg: Config, resume: bool = False, dry_run: bool = False) -> dict:
                                 **{k: v for k, v in d.items() if k != "table"},
                                 "table": {str(k): v for k, v in d["table"].items()}})
             decisions_logged = len(controller.decisions)
+        watchdog.beat()
         if cfg.run.eval_interval and step % cfg.run.eval_interval == 0 and step < total_steps:
-            evaluate()
+            with watchdog.paused():
+                evaluate()
         if cfg.run.checkpoint_interval and step % cfg.run.checkpoint_interval == 0 \
                 and step < total_steps:
-            checkpoint()
+            with watchdog.paused():
+                checkpoint()
 
-    final = evaluate()
-    checkpoint()
+    with watchdog.paused():
+        final = evaluate()
+        checkpoint()
+    watchdog.stop()
     elapsed = elapsed0 + time.perf_counter() - start
     log.record({"kind": "run_end", "step": step, "time": elapsed, "final": final})
     log.close()
