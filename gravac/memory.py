@@ -40,10 +40,16 @@ class ResidualMemory:
         self._buffers: dict[str, torch.Tensor] = {}
         self._shapes: dict[str, torch.Size] = {}
 
+    @staticmethod
+    def dtype_for(grad_dtype: torch.dtype) -> torch.dtype:
+        """Residuals of fp16/bf16 gradients are kept in fp32: error feedback adds up many
+        small leftovers, which 8-11 bits of mantissa would round away."""
+        return torch.float32 if grad_dtype in (torch.float16, torch.bfloat16) else grad_dtype
+
     def _buffer(self, name: str, grad: torch.Tensor) -> torch.Tensor:
         buf = self._buffers.get(name)
         if buf is None:
-            buf = torch.zeros(grad.numel(), dtype=grad.dtype, device=grad.device)
+            buf = torch.zeros(grad.numel(), dtype=self.dtype_for(grad.dtype), device=grad.device)
             self._buffers[name] = buf
             self._shapes[name] = grad.shape
         elif buf.numel() != grad.numel():

@@ -181,7 +181,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         key = tuple(l.name for l in layers)
         codec = self._codecs.get(key)
         if codec is None:
-            specs = [SparseLayer(l.name, l.numel, l.param.grad.dtype) for l in layers]
+            specs = [SparseLayer(l.name, l.numel, ResidualMemory.dtype_for(l.param.grad.dtype))
+                     for l in layers]
             codec = SparseCompression(specs, device=layers[0].param.device)
             self._codecs[key] = codec
         return codec
@@ -274,9 +275,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         plan = self.controller.plan(step)
 
         for layer in self._layers:
-            if layer.param.grad is None:
+            grad = layer.param.grad
+            if grad is None:
                 # Every rank must send every layer (another rank may have a gradient for it).
                 layer.param.grad = torch.zeros_like(layer.param)
+            elif grad.is_sparse:
+                # Sparse embedding gradients: compressed or averaged like any other layer
+                # (the optimizer then sees a dense gradient, as with sparse_as_dense).
+                layer.param.grad = grad.to_dense()
         bad_ranks = self._nonfinite_ranks()
         if bad_ranks:
             self._skip(step, bad_ranks, t0, t_compute)
@@ -338,13 +344,19 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             gather_handle = hvd.allgather_async(buffer, name=f"{self._prefix}.sparse",
                                                 process_set=self.process_set)
         dense.sort(key=lambda l: l.index)
+        # Horovod's torch binding has no bfloat16: such gradients travel as float32 copies.
+        wire = [l.param.grad if l.param.grad.dtype != torch.bfloat16 else l.param.grad.float()
+                for l in dense]
         if dense:
             reduce_handle = hvd.grouped_allreduce_async_(
-                [l.param.grad for l in dense], op=hvd.Average, name=f"{self._prefix}.dense",
+                wire, op=hvd.Average, name=f"{self._prefix}.dense",
                 process_set=self.process_set)
         gathered = hvd.synchronize(gather_handle) if gather_handle is not None else None
         if reduce_handle is not None:
             hvd.synchronize(reduce_handle)
+            for layer, averaged in zip(dense, wire):
+                if averaged is not layer.param.grad:
+                    layer.param.grad.copy_(averaged)
         t2 = self._now()
 
         if gathered is not None:
@@ -380,7 +392,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             "floats_sent": 2 * kept + dense_numel,
             "dense_floats": total_numel,
             "bytes_sent": (0 if buffer is None else buffer.numel())
-                          + sum(l.numel * l.param.grad.element_size() for l in dense),
+                          + sum(w.numel() * w.element_size() for w in wire),
             "t_compute": t_compute,
             "t_compress": (t1 - t0) + (t3 - t2),
             "t_comm": t2 - t1,
