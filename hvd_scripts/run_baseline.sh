@@ -16,66 +16,11 @@
 # failures and exits 1 (Ctrl-C stops the whole series).
 set -euo pipefail
 
-usage() {
-    sed -n '2,/^# Example/p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
-    echo "         (see the header of ${BASH_SOURCE[0]} for details)" >&2
-    exit 2
+compression_files() {
+    printf '%s\n' configs/compression/dense.yaml configs/compression/horovod_fp16.yaml \
+        configs/compression/static_{topk,dgc,redsync,randomk}_{10,1000}x.yaml
 }
-die() { echo "run_baseline.sh: $*" >&2; exit 2; }
 
-repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-
-if [ $# -ge 1 ] && { [ "$1" = -h ] || [ "$1" = --help ]; }; then
-    sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | grep '^#' | sed 's/^# \{0,1\}//'
-    exit 0
-fi
-[ $# -ge 1 ] && [ "$1" != "--" ] || usage
-
-model_config=$1
-shift
-if [ ! -f "$model_config" ] && { [[ $model_config == /* ]] || [ ! -f "$repo/$model_config" ]; }; then
-    die "model config '$model_config' not found (looked in $PWD and $repo)"
-fi
-np=2
-if [ $# -gt 0 ] && [ "$1" != "--" ]; then
-    np=$1
-    shift
-fi
-[[ $np =~ ^[1-9][0-9]*$ ]] || die "NP must be a positive integer, got '$np'"
-if [ $# -gt 0 ]; then
-    [ "$1" = "--" ] || die "unexpected argument '$1'; train.py arguments go after '--'"
-    shift
-fi
-train_args=("$@")
-
-compression=(
-    configs/compression/dense.yaml
-    configs/compression/horovod_fp16.yaml
-    configs/compression/static_topk_10x.yaml
-    configs/compression/static_topk_1000x.yaml
-    configs/compression/static_dgc_10x.yaml
-    configs/compression/static_dgc_1000x.yaml
-    configs/compression/static_redsync_10x.yaml
-    configs/compression/static_redsync_1000x.yaml
-    configs/compression/static_randomk_10x.yaml
-    configs/compression/static_randomk_1000x.yaml
-)
-
-trap 'echo "run_baseline.sh: interrupted" >&2; exit 130' INT
-failed=()
-total=${#compression[@]}
-k=0
-for comp in "${compression[@]}"; do
-    k=$((k + 1))
-    echo "=== [$k/$total] $(basename "$model_config") + $(basename "$comp") ===" >&2
-    if ! bash "$repo/hvd_scripts/run_single_node.sh" "$np" "$model_config" "$repo/$comp" -- \
-            --set 'run.name="{model}-{data}-{tag}"' ${train_args[@]+"${train_args[@]}"}; then
-        failed+=("$comp")
-        echo "=== $(basename "$comp"): FAILED ===" >&2
-    fi
-done
-if [ ${#failed[@]} -gt 0 ]; then
-    echo "run_baseline.sh: ${#failed[@]} of $total runs failed: ${failed[*]}" >&2
-    exit 1
-fi
-echo "run_baseline.sh: all $total runs finished" >&2
+# shellcheck source=lib/series.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/series.sh"
+run_series "${BASH_SOURCE[0]}" "$@"
