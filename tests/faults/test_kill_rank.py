@@ -7,8 +7,6 @@ import subprocess
 import time
 from pathlib import Path
 
-import pytest
-
 REPO = Path(__file__).resolve().parents[2]
 HOROVODRUN = str(REPO / ".venv/bin/horovodrun")
 PYTHON = str(REPO / ".venv/bin/python")
@@ -65,7 +63,7 @@ def test_sigkill_of_one_rank_ends_the_job_and_resume_continues(tmp_path):
     finally:
         if job.poll() is None:
             os.killpg(job.pid, signal.SIGKILL)
-    assert code != 0, "the job must fail when a rank dies"
+    assert code != 0, "the job must fail when a rank dies:\n" + output[-2000:]
     assert took < EXIT_BOUND_S, f"survivors took {took:.1f}s to exit"
     assert _rank_pid(name, 0) is None, "rank 0 must not be left running"
     print(f"survivors exited {took:.1f}s after SIGKILL of rank 1 (exit code {code})")

@@ -1,6 +1,4 @@
 """Static-CF sparse allgather across 2 ranks: exact against independent references."""
-import math
-
 import horovod.torch as hvd
 import pytest
 import torch
