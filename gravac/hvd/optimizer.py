@@ -253,8 +253,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 f"{', '.join(map(str, bad_ranks))}; stopping: {why}. Lower the learning rate, "
                 "clip gradients (optimizer.grad_clip) or check the data of those ranks.")
         total = sum(l.numel for l in self._layers)
-        self.last_stats = {"step": step, "sent": SENT_SKIPPED, "cf": 1.0, "nonfinite_ranks": bad_ranks,
-                           "theta_min": None, "theta_c": None, "gain_min": None, "gain_c": None,
+        self.last_stats = {"step": step, "sent": SENT_SKIPPED, "cf": 1.0,
+                           "nonfinite_ranks": bad_ranks, "theta_min": None, "theta_c": None, "gain_min": None, "gain_c": None,
                            "values_sent": 0, "floats_sent": 0, "dense_floats": total,
                            "bytes_sent": 0, "sparse_layers": 0, "dense_layers": 0,
                            "t_compute": t_compute, "t_compress": self._now() - t0, "t_comm": 0.0,
