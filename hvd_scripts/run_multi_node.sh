@@ -43,6 +43,8 @@ die() { echo "run_multi_node.sh: $*" >&2; exit 2; }
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 looked_in() { if [ "$PWD" = "$repo" ]; then echo "$repo"; else echo "$PWD and $repo"; fi; }
 venv=${GRAVAC_VENV:-$repo/.venv}
+# shellcheck source=lib/launch.sh
+source "$repo/hvd_scripts/lib/launch.sh"
 
 if [ $# -ge 1 ] && { [ "$1" = -h ] || [ "$1" = --help ]; }; then
     sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | grep '^#' | sed 's/^# \{0,1\}//'
@@ -57,20 +59,7 @@ shift 2
 hostfile=$(cd "$(dirname "$hostfile")" && pwd)/$(basename "$hostfile")
 [[ $np =~ ^[1-9][0-9]*$ ]] || die "NP must be a positive integer, got '$np'"
 
-configs=()
-while [ $# -gt 0 ] && [ "$1" != "--" ]; do
-    if [ -f "$1" ]; then
-        configs+=("$(cd "$(dirname "$1")" && pwd)/$(basename "$1")")
-    elif [[ $1 != /* ]] && [ -f "$repo/$1" ]; then
-        configs+=("$repo/$1")
-    else
-        die "config file '$1' not found (looked in $(looked_in))"
-    fi
-    shift
-done
-[ ${#configs[@]} -ge 1 ] || usage
-[ $# -gt 0 ] && shift   # the `--`
-train_args=("$@")
+parse_configs "$@"
 
 case ${GRAVAC_CONTROLLER:-gloo} in
     gloo) controller=--gloo ;;
@@ -84,12 +73,7 @@ fi
 
 python=$venv/bin/python
 [ -x "$python" ] || die "$python not found (run hvd_scripts/install.sh; every host needs it at this path)"
-if [ -x "$venv/bin/horovodrun" ]; then
-    horovodrun=$venv/bin/horovodrun
-else
-    horovodrun=$(command -v horovodrun || true)
-    [ -n "$horovodrun" ] || die "horovodrun not found in $venv/bin or on PATH (run hvd_scripts/install.sh)"
-fi
+find_horovodrun
 
 cd "$repo"
 cmd=("$horovodrun" -np "$np" --hostfile "$hostfile" "$controller" ${nics[@]+"${nics[@]}"}
