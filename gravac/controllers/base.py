@@ -86,6 +86,13 @@ class Controller(ABC):
     def bind(self, layer_names: list[str], sync: Sync) -> None:
         """Called once by the optimizer with the compressed layers' names and its Sync."""
 
+    def rebind(self, layer_names: list[str], sync: Sync) -> None:
+        """Bind to a new Sync after the ranks changed (an elastic reset), keeping what was
+        learned: the state survives, only what depends on the ranks is recomputed."""
+        state = self.state_dict()
+        self.bind(layer_names, sync)
+        self.load_state_dict(state)
+
     @abstractmethod
     def plan(self, step: int) -> StepPlan:
         """The CFs of step ``step``."""

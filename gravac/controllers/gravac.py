@@ -106,6 +106,12 @@ class GraVAC(Controller):
         if self.alpha_option is None:
             self._state["alpha"] = default_alpha(sync.size)
 
+    def rebind(self, layer_names, sync: Sync) -> None:
+        # The default α follows the number of ranks; everything learned is kept. (Window
+        # means that straddle the reset mix step times of both world sizes.)
+        super().rebind(layer_names, sync)
+        self.bind(layer_names, sync)
+
     # -- read-only views ----------------------------------------------------------------
     @property
     def theta_min(self) -> float:

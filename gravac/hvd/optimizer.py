@@ -22,13 +22,12 @@ import torch
 from .. import compressors as _compressors
 from ..compressors import SelectContext, num_kept
 from ..controllers import SENT_CANDIDATE, SENT_DENSE, SENT_MIN, Controller, Static, StepRecord
-
-SENT_SKIPPED = "skipped"
 from ..memory import ResidualMemory, SparseSent
 from .agreement import check_agreement
 from .compression import SparseCompression, SparseLayer
 from .sync import HorovodSync
 
+SENT_SKIPPED = "skipped"
 STATE_KEY = "gravac"
 STATE_FORMAT = 1
 
@@ -92,7 +91,8 @@ def _named_layers(param_groups, named_parameters, min_compress_numel, compressor
 
 class _DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params, named_parameters, compressor, controller, min_compress_numel,
-                 batch_size, process_set, name_prefix, nonfinite, max_consecutive_skips):
+                 batch_size, process_set, name_prefix, nonfinite, max_consecutive_skips,
+                 defer_agreement):
         super(self.__class__, self).__init__(params)
         if isinstance(min_compress_numel, bool) or not isinstance(min_compress_numel, int) \
                 or min_compress_numel < 1:
@@ -120,9 +120,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._layers = _named_layers(self.param_groups, named_parameters, min_compress_numel,
                                      compressor)
         self._sync = HorovodSync(process_set)
-        # Before anything else: ranks with different set-ups would issue different
-        # collectives (a hang) or mix unrelated tensors. Raises on every rank alike.
-        check_agreement(self.describe_setup(), process_set, name=f"{name_prefix}.agree")
+        self._agreed = False
+        if not defer_agreement:
+            self._agree()
         self.memory = ResidualMemory()
         self.controller.bind([l.name for l in self._layers if l.compressible], self._sync)
         self.last_stats: dict = {}
@@ -134,6 +134,28 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._codecs: dict[tuple[str, ...], SparseCompression] = {}
         # CUDA kernels run asynchronously: time phases only after the device has finished.
         self._cuda = any(l.param.is_cuda for l in self._layers)
+
+    def _agree(self) -> None:
+        # Before anything else: ranks with different set-ups would issue different
+        # collectives (a hang) or mix unrelated tensors. Raises on every rank alike.
+        check_agreement(self.describe_setup(), self.process_set, name=f"{self._prefix}.agree")
+        self._agreed = True
+
+    def reset_world(self) -> None:
+        """Re-attach to Horovod after an elastic reset (ranks left or joined). Collective.
+
+        Call it on every rank once ``hvd.init()`` has run again and the training state is
+        in sync: the set-up agreement runs again (a joining rank may have been built
+        differently), the controller keeps what it learned but sees the new ranks, and
+        step timing restarts. Residuals are left alone: each process keeps its own (a new
+        process starts with none); the elastic trainer restores or clears them.
+        """
+        self._sync = HorovodSync(self.process_set)
+        self._agree()
+        self.controller.rebind(self.compressed_layer_names, self._sync)
+        self._last_step_end = None
+        self._synchronized = False
+        self._should_synchronize = True
 
     # -- public helpers -------------------------------------------------------------------
     @property
@@ -263,6 +285,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def synchronize(self):
         """Compress, communicate and aggregate all gradients (``step()`` calls this)."""
+        if not self._agreed:
+            self._agree()
         t0 = self._now()
         step = self._gravac_step
         t_compute = None if self._last_step_end is None else t0 - self._last_step_end
@@ -490,7 +514,7 @@ def DistributedOptimizer(optimizer, named_parameters, compressor="topk", control
                          min_compress_numel: int = 1024, compressor_options: dict | None = None,
                          batch_size: int | None = None, process_set=None,
                          name_prefix: str = "gravac", nonfinite: str = "skip",
-                         max_consecutive_skips: int = 10):
+                         max_consecutive_skips: int = 10, defer_agreement: bool = False):
     """Wrap a torch optimizer so that ``step()`` averages gradients across Horovod ranks
     with compressed (sparse) communication and error feedback.
 
@@ -516,6 +540,10 @@ def DistributedOptimizer(optimizer, named_parameters, compressor="topk", control
             the residuals are touched): ``"skip"`` the step on every rank, or ``"raise"``
             FloatingPointError on every rank. Skipped steps are listed in ``skipped_steps``.
         max_consecutive_skips: with ``"skip"``, raise after this many skips in a row.
+        defer_agreement: run the set-up agreement (a collective) at the first step or
+            ``reset_world()`` instead of here. Horovod Elastic needs it: a joining worker
+            builds its optimizer while the others wait in a state sync, so construction
+            must issue no collective.
 
     After each ``step()``, ``optimizer.last_stats`` describes it (CF sent, gains, floats
     sent, timings) and ``optimizer.memory[name]`` is the residual of a parameter.
@@ -544,4 +572,5 @@ def DistributedOptimizer(optimizer, named_parameters, compressor="topk", control
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_DistributedOptimizer.__dict__))
     return cls(optimizer.param_groups, named_parameters, comp, ctrl, min_compress_numel,
-               batch_size, process_set, name_prefix, nonfinite, max_consecutive_skips)
+               batch_size, process_set, name_prefix, nonfinite, max_consecutive_skips,
+               defer_agreement)

@@ -57,6 +57,10 @@ class RunConfig:
     report: bool = True
     # Seconds without a finished training step before a rank gives up (a peer hangs); 0: off.
     stall_timeout: float = 60.0
+    # Horovod Elastic (horovodrun --min-np/--max-np --host-discovery-script): ranks may
+    # leave and join; the state is committed in memory every elastic_commit_interval steps.
+    elastic: bool = False
+    elastic_commit_interval: int = 10
 
 
 @dataclass
@@ -315,6 +319,8 @@ def validate(cfg: Config) -> None:
     _require(r.threads is None or r.threads >= 1, "run.threads", r.threads, "must be >= 1 or null")
     _require(r.stall_timeout >= 0, "run.stall_timeout", r.stall_timeout,
              "must be >= 0 seconds (0 turns the stall watchdog off)")
+    _require(r.elastic_commit_interval >= 1, "run.elastic_commit_interval",
+             r.elastic_commit_interval, "must be >= 1 (steps between in-memory commits)")
 
     from .models import MODEL_NAMES
     _require(cfg.model.name in MODEL_NAMES, "model.name", cfg.model.name,

@@ -3,7 +3,8 @@
 ``train(cfg, resume=False, dry_run=False)`` runs on every rank under horovodrun. Every
 collective (gradient exchange, evaluation sums, checkpoint barrier, controller windows)
 happens at steps all ranks agree on, because every rank runs the same number of steps
-per epoch and the same schedule.
+per epoch and the same schedule. With ``run.elastic`` the same ``Trainer`` runs under
+Horovod Elastic (``gravac/train/elastic.py``).
 
 Example::
 
@@ -27,7 +28,7 @@ from .tasks import build_task
 from .watchdog import StallWatchdog
 
 
-def build_optimizer(cfg: Config, model: torch.nn.Module):
+def build_optimizer(cfg: Config, model: torch.nn.Module, defer_agreement: bool = False):
     """The wrapped optimizer: plain Horovod for ``dense``, gravac's otherwise."""
     import horovod.torch as hvd
 
@@ -47,7 +48,8 @@ def build_optimizer(cfg: Config, model: torch.nn.Module):
                                        min_compress_numel=c.min_compress_numel,
                                        batch_size=cfg.data.batch_size,
                                        nonfinite=c.nonfinite,
-                                       max_consecutive_skips=c.max_consecutive_skips)
+                                       max_consecutive_skips=c.max_consecutive_skips,
+                                       defer_agreement=defer_agreement)
 
 
 def _prepare_run_dir(cfg: Config, run_dir: Path, resume: bool, rank: int) -> None:
@@ -75,20 +77,6 @@ def _prepare_run_dir(cfg: Config, run_dir: Path, resume: bool, rank: int) -> Non
         atomic_write_text(run_dir / "config.yaml", dump_yaml(cfg))
 
 
-def _describe(cfg: Config, task, opt, total_steps: int, world_size: int) -> str:
-    params = sum(p.numel() for p in task.model.parameters())
-    lines = [f"model {cfg.model.name}: {params:,} parameters; data {cfg.data.name}: "
-             f"{task.steps_per_epoch} steps per epoch at batch {cfg.data.batch_size} per rank "
-             f"x {world_size} ranks; {total_steps} steps"]
-    if hasattr(opt, "compressed_layer_names"):
-        names = opt.compressed_layer_names
-        lines.append(f"compressor {cfg.compression.compressor}, controller "
-                     f"{opt.controller!r}; {len(names)} of {len(opt.layer_names)} layers compressed")
-    else:
-        lines.append(f"dense Horovod allreduce (compression {cfg.compression.horovod_compression})")
-    return "\n".join(lines)
-
-
 def _step_stats(opt, dense_numel: int) -> dict:
     stats = getattr(opt, "last_stats", None)
     if stats:
@@ -98,170 +86,266 @@ def _step_stats(opt, dense_numel: int) -> dict:
             "t_compute": None, "t_compress": None, "t_comm": None}
 
 
+class Trainer:
+    """One rank's run: task, model, wrapped optimizer, schedule, position and logging.
+
+    Building it issues no collective (so a worker joining an elastic job can build one
+    while the others wait in a state sync); ``start`` and ``run`` are collective.
+
+    Example::
+
+        hvd.init()
+        trainer = Trainer(cfg)
+        trainer.start(resume=False)
+        trainer.open_log()
+        trainer.run()
+        summary = trainer.finish()
+    """
+
+    def __init__(self, cfg: Config, elastic: bool = False):
+        import horovod.torch as hvd
+
+        self.cfg = cfg
+        self.rank, self.world = hvd.rank(), hvd.size()
+        torch.set_num_threads(cfg.run.threads or max(1, (os.cpu_count() or 1) // hvd.local_size()))
+        torch.manual_seed(cfg.run.seed)
+        random.seed(cfg.run.seed)
+        self.task = build_task(cfg, self.rank, self.world)
+        self.model = self.task.model
+        self.opt = build_optimizer(cfg, self.model, defer_agreement=elastic)
+        o = cfg.optimizer
+        self.scheduler = torch.optim.lr_scheduler.MultiStepLR(self.opt, milestones=o.lr_milestones,
+                                                              gamma=o.lr_gamma)
+        self.total_steps = cfg.run.steps or cfg.run.epochs * self.task.steps_per_epoch
+        self.run_dir = Path(cfg.run.output_dir) / cfg.run.name
+        self.controller = getattr(self.opt, "controller", None)
+        self.dense_numel = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
+        self.step = self.epoch = self.batch_in_epoch = 0
+        self.elapsed0 = 0.0
+        self.cum_floats = self.cum_dense = 0
+        self.resumed = False
+        self.started = False                     # elastic: set once the run has begun
+        self.log = RunLogger(self.run_dir, enabled=False, total_steps=0)
+        self._clock0 = time.perf_counter()
+        self._decisions_logged = 0
+
+    # -- set-up ---------------------------------------------------------------------------
+    def describe(self) -> str:
+        cfg, opt = self.cfg, self.opt
+        params = sum(p.numel() for p in self.model.parameters())
+        lines = [f"model {cfg.model.name}: {params:,} parameters; data {cfg.data.name}: "
+                 f"{self.task.steps_per_epoch} steps per epoch at batch {cfg.data.batch_size} "
+                 f"per rank x {self.world} ranks; {self.total_steps} steps"]
+        if hasattr(opt, "compressed_layer_names"):
+            names = opt.compressed_layer_names
+            lines.append(f"compressor {cfg.compression.compressor}, controller "
+                         f"{opt.controller!r}; {len(names)} of {len(opt.layer_names)} layers "
+                         "compressed")
+        else:
+            lines.append(f"dense Horovod allreduce (compression "
+                         f"{cfg.compression.horovod_compression})")
+        return "\n".join(lines)
+
+    def elapsed(self) -> float:
+        """Training time so far, across resumes and elastic resets."""
+        return self.elapsed0 + time.perf_counter() - self._clock0
+
+    def start(self, resume: bool) -> None:
+        """Collective: claim the run directory, then resume or broadcast rank 0's model."""
+        import horovod.torch as hvd
+
+        rank = self.rank
+        _prepare_run_dir(self.cfg, self.run_dir, resume, rank)
+        self.resumed = resume
+        if not resume:
+            hvd.broadcast_parameters(self.model.state_dict(), root_rank=0)
+            hvd.broadcast_optimizer_state(self.opt, root_rank=0)
+            self._clock0 = time.perf_counter()
+            return
+        common, rank_state, info = load_checkpoint(
+            self.run_dir, rank, log=lambda text: print(f"[rank {rank}] {text}", flush=True))
+        if info["world_size"] != self.world:
+            raise ConfigError(f"--resume: the checkpoint was written by {info['world_size']} "
+                              f"ranks, this job has {self.world}; run with -np "
+                              f"{info['world_size']}")
+        self.model.load_state_dict(common["model"])
+        self.opt.load_state_dict(rank_state["optimizer"])
+        self.scheduler.load_state_dict(common["scheduler"])
+        set_rng_state(rank_state["rng"])
+        self.task.load_state_dict(rank_state["task"])
+        self.step, self.epoch = common["step"], common["epoch"]
+        self.batch_in_epoch = common["batch_in_epoch"]
+        self.elapsed0 = common["elapsed"]
+        self.cum_floats, self.cum_dense = common["cum_floats"], common["cum_dense"]
+        self._clock0 = time.perf_counter()
+        if rank == 0:
+            truncate_metrics(self.run_dir, self.step)
+            print(f"resuming from step {self.step} "
+                  f"({self.run_dir / 'checkpoints' / info['dir']})", flush=True)
+
+    def open_log(self, record: dict | None = None) -> None:
+        """(Re)open the metrics/TensorBoard writers on rank 0 and say what runs."""
+        import horovod.torch as hvd
+
+        self.log.close()
+        self.log = RunLogger(self.run_dir, enabled=self.rank == 0, total_steps=self.total_steps,
+                             progress=self.cfg.run.progress, initial_step=self.step)
+        self._decisions_logged = len(self.controller.decisions) if self.controller else 0
+        c = self.cfg.compression
+        self.log.record(record or {
+            "kind": "run_start", "name": self.cfg.run.name, "time": self.elapsed(),
+            "step": self.step, "world_size": self.world, "controller": c.controller,
+            "compressor": c.compressor if c.controller != "dense" else c.horovod_compression,
+            "model": self.cfg.model.name, "dataset": self.cfg.data.name,
+            "batch_size": self.cfg.data.batch_size, "metric": self.task.metric,
+            "total_steps": self.total_steps, "resumed": self.resumed,
+            "elastic": bool(self.cfg.run.elastic), "horovod_size": hvd.size()})
+        self.log.message(self.describe())
+
+    def close_log(self) -> None:
+        self.log.close()
+
+    # -- work -----------------------------------------------------------------------------
+    def checkpoint(self) -> None:
+        common = {"model": self.model.state_dict(), "scheduler": self.scheduler.state_dict(),
+                  "step": self.step, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
+                  "elapsed": self.elapsed(), "cum_floats": self.cum_floats,
+                  "cum_dense": self.cum_dense, "config": to_dict(self.cfg),
+                  "world_size": self.world}
+        rank_state = {"optimizer": self.opt.state_dict(), "rng": rng_state(),
+                      "task": self.task.state_dict()}
+        save_checkpoint(self.run_dir, self.step, common, rank_state, self.rank, self.world,
+                        self.cfg.run.keep_checkpoints)
+
+    def evaluate(self) -> dict:
+        result = self.task.evaluate(self.cfg.run.eval_batches)
+        self.log.record({"kind": "eval", "step": self.step, "time": self.elapsed(), **result})
+        shown = ", ".join(f"{k} {v:.4g}" for k, v in result.items())
+        self.log.message(f"step {self.step}: {shown}")
+        return result
+
+    def run(self, after_step=None) -> None:
+        """Train from the current position to ``total_steps``. ``after_step()`` runs after
+        every step on every rank (elastic commits)."""
+        cfg, opt, o = self.cfg, self.opt, self.cfg.optimizer
+        self.model.train()
+        watchdog = StallWatchdog(cfg.run.stall_timeout, self.rank).start()
+        samples_per_step = cfg.data.batch_size * self.world
+        last_end = time.perf_counter()
+        batches = self.task.batches(self.epoch, self.batch_in_epoch)
+        try:
+            while self.step < self.total_steps:
+                batch = next(batches, None)
+                if batch is None:                  # end of an epoch, the same step on all ranks
+                    if getattr(self.controller, "interval_steps", 0) is None:
+                        self.controller.end_interval()   # Accordion's default: one epoch
+                    self.epoch, self.batch_in_epoch = self.epoch + 1, 0
+                    batches = self.task.batches(self.epoch, 0)
+                    continue
+                opt.zero_grad()
+                loss = self.task.loss(batch)
+                loss.backward()
+                if o.grad_clip is not None:
+                    opt.synchronize()              # clip the averaged gradient, as Horovod advises
+                    torch.nn.utils.clip_grad_norm_(self.model.parameters(), o.grad_clip)
+                    with opt.skip_synchronize():
+                        opt.step()
+                else:
+                    opt.step()
+                lr = opt.param_groups[0]["lr"]
+                self.scheduler.step()
+                self.step += 1
+                self.batch_in_epoch += 1
+                now = time.perf_counter()
+                t_iter, last_end = now - last_end, now
+                self._log_step(loss, lr, t_iter, samples_per_step)
+                watchdog.beat()
+                step = self.step
+                if cfg.run.eval_interval and step % cfg.run.eval_interval == 0 \
+                        and step < self.total_steps:
+                    with watchdog.paused():
+                        self.evaluate()
+                if cfg.run.checkpoint_interval and step % cfg.run.checkpoint_interval == 0 \
+                        and step < self.total_steps:
+                    with watchdog.paused():
+                        self.checkpoint()
+                if after_step is not None:
+                    with watchdog.paused():
+                        after_step()
+                    last_end = time.perf_counter()
+        finally:
+            watchdog.stop()
+
+    def _log_step(self, loss, lr: float, t_iter: float, samples_per_step: int) -> None:
+        stats = _step_stats(self.opt, self.dense_numel)
+        step, elapsed = self.step, self.elapsed()
+        if stats["sent"] == "skipped":
+            self.log.record({"kind": "nonfinite", "step": step, "time": elapsed,
+                             "ranks": stats["nonfinite_ranks"]})
+            self.log.message(f"step {step}: non-finite gradient on rank(s) "
+                             f"{stats['nonfinite_ranks']}; step skipped on every rank")
+        self.cum_floats += stats["floats_sent"]
+        self.cum_dense += stats["dense_floats"]
+        if step % self.cfg.run.log_interval == 0 or step == 1 or step == self.total_steps:
+            entry = {"kind": "step", "step": step, "epoch": self.epoch, "time": elapsed,
+                     "loss": loss.item(), "lr": lr, "world_size": self.world,
+                     "cf": stats["cf"], "sent": stats["sent"],
+                     "theta_min": stats.get("theta_min"), "theta_c": stats.get("theta_c"),
+                     "gain_min": stats.get("gain_min"), "gain_c": stats.get("gain_c"),
+                     "delta_min": getattr(self.controller, "delta_min", None),
+                     "delta_c": getattr(self.controller, "delta_c", None),
+                     "floats_sent": stats["floats_sent"], "cum_floats_sent": self.cum_floats,
+                     "dense_floats": stats["dense_floats"], "cum_dense_floats": self.cum_dense,
+                     "t_compute": stats.get("t_compute"), "t_compress": stats.get("t_compress"),
+                     "t_comm": stats.get("t_comm"), "t_iter": t_iter,
+                     "samples_per_sec": samples_per_step / t_iter if t_iter > 0 else None}
+            self.log.record(entry)
+            self.log.progress(step, loss=entry["loss"], cf=stats["cf"],
+                              samples_per_sec=entry["samples_per_sec"])
+        controller = self.controller
+        if controller is not None and len(controller.decisions) > self._decisions_logged:
+            for d in controller.decisions[self._decisions_logged:]:
+                if "table" in d:                   # GraVAC window decisions
+                    self.log.record({"kind": "window", "time": elapsed,
+                                     **{k: v for k, v in d.items() if k != "table"},
+                                     "table": {str(k): v for k, v in d["table"].items()}})
+            self._decisions_logged = len(controller.decisions)
+
+    def finish(self) -> dict:
+        """Collective: final evaluation and checkpoint; rank 0 closes the log and reports."""
+        final = self.evaluate()
+        self.checkpoint()
+        elapsed = self.elapsed()
+        self.log.record({"kind": "run_end", "step": self.step, "time": elapsed, "final": final})
+        self.log.close()
+        if self.rank == 0:
+            _finish(self.cfg, self.run_dir, self.step, elapsed, final)
+        return {"run_dir": str(self.run_dir), "steps": self.step, "final": final,
+                "time": elapsed}
+
+
 def train(cfg: Config, resume: bool = False, dry_run: bool = False) -> dict:
     """Run (or with ``dry_run``, only build and describe) the configured training."""
     import horovod.torch as hvd
 
     hvd.init()
-    rank, world = hvd.rank(), hvd.size()
-    torch.set_num_threads(cfg.run.threads or max(1, (os.cpu_count() or 1) // hvd.local_size()))
-    torch.manual_seed(cfg.run.seed)
-    random.seed(cfg.run.seed)
-
-    task = build_task(cfg, rank, world)
-    model = task.model
-    opt = build_optimizer(cfg, model)
-    o = cfg.optimizer
-    scheduler = torch.optim.lr_scheduler.MultiStepLR(opt, milestones=o.lr_milestones,
-                                                     gamma=o.lr_gamma)
-    total_steps = cfg.run.steps or cfg.run.epochs * task.steps_per_epoch
-    run_dir = Path(cfg.run.output_dir) / cfg.run.name
+    trainer = Trainer(cfg, elastic=cfg.run.elastic)
     if dry_run:
-        if rank == 0:
+        if trainer.rank == 0:
             print(dump_yaml(cfg), end="")
-            print(_describe(cfg, task, opt, total_steps, world))
-        return {"run_dir": str(run_dir), "dry_run": True}
+            print(trainer.describe())
+        return {"run_dir": str(trainer.run_dir), "dry_run": True}
+    if cfg.run.elastic:
+        from .elastic import train_elastic
 
-    _prepare_run_dir(cfg, run_dir, resume, rank)
-    step = epoch = batch_in_epoch = 0
-    elapsed0 = 0.0
-    cum_floats = cum_dense = 0
-    if resume:
-        common, rank_state, info = load_checkpoint(
-            run_dir, rank, log=lambda text: print(f"[rank {rank}] {text}", flush=True))
-        if info["world_size"] != world:
-            raise ConfigError(f"--resume: the checkpoint was written by {info['world_size']} ranks, "
-                              f"this job has {world}; run with -np {info['world_size']}")
-        model.load_state_dict(common["model"])
-        opt.load_state_dict(rank_state["optimizer"])
-        scheduler.load_state_dict(common["scheduler"])
-        set_rng_state(rank_state["rng"])
-        task.load_state_dict(rank_state["task"])
-        step, epoch, batch_in_epoch = common["step"], common["epoch"], common["batch_in_epoch"]
-        elapsed0 = common["elapsed"]
-        cum_floats, cum_dense = common["cum_floats"], common["cum_dense"]
-        if rank == 0:
-            truncate_metrics(run_dir, step)
-            print(f"resuming from step {step} ({run_dir / 'checkpoints' / info['dir']})", flush=True)
-    else:
-        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-        hvd.broadcast_optimizer_state(opt, root_rank=0)
-
-    log = RunLogger(run_dir, enabled=rank == 0, total_steps=total_steps,
-                    progress=cfg.run.progress, initial_step=step)
-    controller = getattr(opt, "controller", None)
-    decisions_logged = len(controller.decisions) if controller is not None else 0
-    dense_numel = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    samples_per_step = cfg.data.batch_size * world
-    c = cfg.compression
-    log.record({"kind": "run_start", "name": cfg.run.name, "time": elapsed0, "step": step,
-                "world_size": world, "controller": c.controller,
-                "compressor": c.compressor if c.controller != "dense" else c.horovod_compression,
-                "model": cfg.model.name, "dataset": cfg.data.name,
-                "batch_size": cfg.data.batch_size, "metric": task.metric,
-                "total_steps": total_steps, "resumed": resume})
-    log.message(_describe(cfg, task, opt, total_steps, world))
-
-    def checkpoint():
-        common = {"model": model.state_dict(), "scheduler": scheduler.state_dict(),
-                  "step": step, "epoch": epoch, "batch_in_epoch": batch_in_epoch,
-                  "elapsed": elapsed0 + time.perf_counter() - start,
-                  "cum_floats": cum_floats, "cum_dense": cum_dense,
-                  "config": to_dict(cfg), "world_size": world}
-        rank_state = {"optimizer": opt.state_dict(), "rng": rng_state(),
-                      "task": task.state_dict()}
-        save_checkpoint(run_dir, step, common, rank_state, rank, world, cfg.run.keep_checkpoints)
-
-    def evaluate():
-        result = task.evaluate(cfg.run.eval_batches)
-        entry = {"kind": "eval", "step": step,
-                 "time": elapsed0 + time.perf_counter() - start, **result}
-        log.record(entry)
-        shown = ", ".join(f"{k} {v:.4g}" for k, v in result.items())
-        log.message(f"step {step}: {shown}")
-        return result
-
-    model.train()
-    watchdog = StallWatchdog(cfg.run.stall_timeout, rank).start()
-    start = time.perf_counter()
-    last_end = start
-    final = {}
-    batches = task.batches(epoch, batch_in_epoch)
-    while step < total_steps:
-        batch = next(batches, None)
-        if batch is None:                        # end of an epoch, the same step on all ranks
-            if getattr(controller, "interval_steps", 0) is None:
-                controller.end_interval()        # Accordion's default interval: one epoch
-            epoch, batch_in_epoch = epoch + 1, 0
-            batches = task.batches(epoch, 0)
-            continue
-        opt.zero_grad()
-        loss = task.loss(batch)
-        loss.backward()
-        if o.grad_clip is not None:
-            opt.synchronize()                    # clip the averaged gradient, as Horovod advises
-            torch.nn.utils.clip_grad_norm_(model.parameters(), o.grad_clip)
-            with opt.skip_synchronize():
-                opt.step()
-        else:
-            opt.step()
-        lr = opt.param_groups[0]["lr"]
-        scheduler.step()
-        step += 1
-        batch_in_epoch += 1
-        now = time.perf_counter()
-        t_iter, last_end = now - last_end, now
-
-        stats = _step_stats(opt, dense_numel)
-        if stats["sent"] == "skipped":
-            log.record({"kind": "nonfinite", "step": step, "time": elapsed0 + now - start,
-                        "ranks": stats["nonfinite_ranks"]})
-            log.message(f"step {step}: non-finite gradient on rank(s) "
-                        f"{stats['nonfinite_ranks']}; step skipped on every rank")
-        cum_floats += stats["floats_sent"]
-        cum_dense += stats["dense_floats"]
-        if step % cfg.run.log_interval == 0 or step == 1 or step == total_steps:
-            entry = {"kind": "step", "step": step, "epoch": epoch,
-                     "time": elapsed0 + now - start, "loss": loss.item(), "lr": lr,
-                     "cf": stats["cf"], "sent": stats["sent"],
-                     "theta_min": stats.get("theta_min"), "theta_c": stats.get("theta_c"),
-                     "gain_min": stats.get("gain_min"), "gain_c": stats.get("gain_c"),
-                     "delta_min": getattr(controller, "delta_min", None),
-                     "delta_c": getattr(controller, "delta_c", None),
-                     "floats_sent": stats["floats_sent"], "cum_floats_sent": cum_floats,
-                     "dense_floats": stats["dense_floats"], "cum_dense_floats": cum_dense,
-                     "t_compute": stats.get("t_compute"), "t_compress": stats.get("t_compress"),
-                     "t_comm": stats.get("t_comm"), "t_iter": t_iter,
-                     "samples_per_sec": samples_per_step / t_iter if t_iter > 0 else None}
-            log.record(entry)
-            log.progress(step, loss=entry["loss"], cf=stats["cf"],
-                         samples_per_sec=entry["samples_per_sec"])
-        if controller is not None and len(controller.decisions) > decisions_logged:
-            for d in controller.decisions[decisions_logged:]:
-                if "table" in d:                 # GraVAC window decisions
-                    log.record({"kind": "window", "time": elapsed0 + now - start,
-                                **{k: v for k, v in d.items() if k != "table"},
-                                "table": {str(k): v for k, v in d["table"].items()}})
-            decisions_logged = len(controller.decisions)
-        watchdog.beat()
-        if cfg.run.eval_interval and step % cfg.run.eval_interval == 0 and step < total_steps:
-            with watchdog.paused():
-                evaluate()
-        if cfg.run.checkpoint_interval and step % cfg.run.checkpoint_interval == 0 \
-                and step < total_steps:
-            with watchdog.paused():
-                checkpoint()
-
-    with watchdog.paused():
-        final = evaluate()
-        checkpoint()
-    watchdog.stop()
-    elapsed = elapsed0 + time.perf_counter() - start
-    log.record({"kind": "run_end", "step": step, "time": elapsed, "final": final})
-    log.close()
-    if rank == 0:
-        _finish(cfg, run_dir, step, elapsed, final)
-    return {"run_dir": str(run_dir), "steps": step, "final": final, "time": elapsed}
+        return train_elastic(trainer, resume)
+    trainer.start(resume)
+    trainer.open_log()
+    try:
+        trainer.run()
+        return trainer.finish()
+    finally:
+        trainer.close_log()
 
 
 def _finish(cfg: Config, run_dir: Path, step: int, elapsed: float, final: dict) -> None:

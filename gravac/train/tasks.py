@@ -9,6 +9,7 @@ perplexity). Both expose the same small surface, so the training loop does not c
     task.loss(batch)                    -> training loss (LM: carries the hidden state)
     task.evaluate(max_batches)          -> {"loss": ..., "top1"/"perplexity": ...}; collective
     task.state_dict() / load_state_dict(state)
+    task.reshard(rank, world_size, batch_in_epoch, from_world_size) -> the batch to go on from
 """
 from __future__ import annotations
 
@@ -115,12 +116,32 @@ class ImageTask:
         elif cfg.model.name in ("resnet18", "resnet50", "resnet101", "vgg16"):
             defaults.update(in_channels=channels)
         self.model = _model(cfg, **defaults)
-        self.sampler = D.ShardedSampler(len(self.train_y), rank, world_size, shuffle=True, seed=seed)
         self.batch_size = cfg.data.batch_size
-        self.steps_per_epoch = self.sampler.shard_size // self.batch_size
+        self._shard(rank, world_size)
+
+    def _shard(self, rank: int, world_size: int) -> None:
+        self.rank, self.world_size = rank, world_size
+        self.sampler = D.ShardedSampler(len(self.train_y), rank, world_size, shuffle=True,
+                                        seed=self.cfg.run.seed)
+        self.steps_per_epoch = self.steps_for(world_size)
         if self.steps_per_epoch < 1:
             raise ConfigError(f"data.batch_size={self.batch_size}: larger than this rank's shard "
                               f"of {self.sampler.shard_size} training samples")
+
+    def steps_for(self, world_size: int) -> int:
+        """Steps per epoch with ``world_size`` ranks."""
+        return (len(self.train_y) // world_size) // self.batch_size
+
+    def reshard(self, rank: int, world_size: int, batch_in_epoch: int,
+                from_world_size: int) -> int:
+        """Deal the data to ``world_size`` ranks (an elastic reset) and return the batch of
+        the current epoch to go on from, given ``batch_in_epoch`` batches done by
+        ``from_world_size`` ranks. Ranks deal one shared permutation round-robin, so those
+        batches consumed exactly its first ``batch_in_epoch * batch * from_world_size``
+        positions; the new position rounds that down (a few samples are seen twice)."""
+        consumed = batch_in_epoch * self.batch_size * from_world_size
+        self._shard(rank, world_size)
+        return min(consumed // (self.batch_size * world_size), self.steps_per_epoch)
 
     def batches(self, epoch: int, start_batch: int = 0):
         self.sampler.set_epoch(epoch)
@@ -192,14 +213,35 @@ class LanguageTask:
         self.model = _model(cfg, vocab_size=vocab)
         self.bptt = cfg.data.bptt
         self.batch_size = cfg.data.batch_size
-        self.train_data = D.batchify(D.shard_tokens(train, rank, world_size), self.batch_size)
-        self.valid_data = D.batchify(D.shard_tokens(valid, rank, world_size),
-                                     cfg.data.eval_batch_size)
-        self.steps_per_epoch = math.ceil((self.train_data.size(0) - 1) / self.bptt)
+        self._train_tokens, self._valid_tokens = train, valid
+        self._shard(rank, world_size)
+
+    def _shard(self, rank: int, world_size: int) -> None:
+        self.rank, self.world_size = rank, world_size
+        self.train_data = D.batchify(D.shard_tokens(self._train_tokens, rank, world_size),
+                                     self.batch_size)
+        self.valid_data = D.batchify(D.shard_tokens(self._valid_tokens, rank, world_size),
+                                     self.cfg.data.eval_batch_size)
+        self.steps_per_epoch = self.steps_for(world_size)
         if self.steps_per_epoch < 1:
             raise ConfigError(f"data.batch_size={self.batch_size}: too large for this rank's "
-                              f"share of {len(train)} training tokens")
+                              f"share of {len(self._train_tokens)} training tokens")
         self.hidden = None
+
+    def steps_for(self, world_size: int) -> int:
+        """Steps per epoch with ``world_size`` ranks (as ``shard_tokens`` + ``batchify`` cut)."""
+        rows = (len(self._train_tokens) // world_size) // self.batch_size
+        return math.ceil(max(rows - 1, 0) / self.bptt)
+
+    def reshard(self, rank: int, world_size: int, batch_in_epoch: int,
+                from_world_size: int) -> int:
+        """Cut the text for ``world_size`` ranks (an elastic reset) and return the batch of
+        the current epoch to go on from: the fraction of the epoch that ``batch_in_epoch``
+        batches of ``from_world_size`` ranks covered (each rank reads its own contiguous
+        part, so no exact mapping exists). The hidden state restarts at zero."""
+        done = batch_in_epoch / max(self.steps_for(from_world_size), 1)
+        self._shard(rank, world_size)
+        return min(int(done * self.steps_per_epoch), self.steps_per_epoch)
 
     def batches(self, epoch: int, start_batch: int = 0):
         if start_batch == 0:

@@ -7,9 +7,8 @@ import subprocess
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-HOROVODRUN = str(REPO / ".venv/bin/horovodrun")
-PYTHON = str(REPO / ".venv/bin/python")
+from jobs import HOROVODRUN, PYTHON, REPO, rank_pid
+
 EXIT_BOUND_S = 60          # what the issue asks: survivors exit within 60 s
 
 
@@ -19,21 +18,6 @@ def _train(out: Path, name: str, steps: int, *extra: str) -> list[str]:
             "--set", f"run.name={name}", "--set", f"run.steps={steps}",
             "--set", "run.checkpoint_interval=20", "--set", "run.eval_interval=0",
             "--set", "run.progress=never", "--set", "run.report=false", *extra]
-
-
-def _rank_pid(name: str, rank: int) -> int | None:
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-            environ = (entry / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if "train.py" in cmdline and f"run.name={name}" in cmdline and \
-                f"HOROVOD_RANK={rank}".encode() in environ:
-            return int(entry.name)
-    return None
 
 
 def _latest_step(run_dir: Path) -> int:
@@ -53,7 +37,7 @@ def test_sigkill_of_one_rank_ends_the_job_and_resume_continues(tmp_path):
         while _latest_step(run_dir) < 40 and time.time() < deadline and job.poll() is None:
             time.sleep(0.2)
         assert job.poll() is None, job.stdout.read()
-        pid = _rank_pid(name, 1)
+        pid = rank_pid(f"run.name={name}", 1)
         assert pid is not None, "rank 1 not found"
         os.kill(pid, signal.SIGKILL)
         killed_at = time.time()
@@ -65,7 +49,7 @@ def test_sigkill_of_one_rank_ends_the_job_and_resume_continues(tmp_path):
             os.killpg(job.pid, signal.SIGKILL)
     assert code != 0, "the job must fail when a rank dies:\n" + output[-2000:]
     assert took < EXIT_BOUND_S, f"survivors took {took:.1f}s to exit"
-    assert _rank_pid(name, 0) is None, "rank 0 must not be left running"
+    assert rank_pid(f"run.name={name}", 0) is None, "rank 0 must not be left running"
     print(f"survivors exited {took:.1f}s after SIGKILL of rank 1 (exit code {code})")
 
     step = _latest_step(run_dir)
@@ -89,7 +73,7 @@ def test_a_hung_rank_makes_the_job_exit_within_the_stall_timeout(tmp_path):
         deadline = time.time() + 300
         while _latest_step(tmp_path / name) < 20 and time.time() < deadline and job.poll() is None:
             time.sleep(0.2)
-        pid = _rank_pid(name, 1)
+        pid = rank_pid(f"run.name={name}", 1)
         assert pid is not None and job.poll() is None
         os.kill(pid, signal.SIGSTOP)
         stopped_at = time.time()

@@ -143,3 +143,14 @@ def test_paths_in_readme_exist():
     assert paths, "found no repository paths in README.md's code; is the parser broken?"
     missing = sorted(p for p in paths if not (REPO / p).exists())
     assert not missing, f"README.md mentions paths that do not exist: {missing}"
+
+
+def test_discover_hosts_prints_the_hosts_file_without_comments(tmp_path):
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text("# the cluster\nnode1:4\n\n  # gone for now\nnode2:4\n")
+    script = str(REPO / "hvd_scripts/discover_hosts.sh")
+    proc = bash(script, cwd=tmp_path)
+    assert proc.returncode == 0 and proc.stdout == "node1:4\nnode2:4\n", proc.stderr
+    hosts.unlink()
+    proc = bash(script, cwd=tmp_path)
+    assert proc.returncode == 1 and "GRAVAC_HOSTS_FILE" in proc.stderr

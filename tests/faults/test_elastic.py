@@ -1,0 +1,126 @@
+"""Horovod Elastic (run.elastic=true): ranks leave and join, and a killed worker is survived.
+
+The jobs run under ``horovodrun --min-np 1 --max-np 2 --host-discovery-script``; the test
+changes what the discovery script prints (or kills a worker) while the run goes on, and
+then checks the metrics that the run wrote: every step logged exactly once, the world
+size of every step, the reset records, and a model that learned.
+"""
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from jobs import HOROVODRUN, PYTHON, REPO, rank_pid, read_records
+
+STEPS = 1200
+
+
+def _launch(tmp_path: Path, name: str, hosts: str) -> tuple[subprocess.Popen, Path, Path]:
+    hosts_file = tmp_path / "hosts.txt"
+    hosts_file.write_text(hosts)
+    discover = REPO / "hvd_scripts/discover_hosts.sh"     # the one the README shows
+    cmd = [HOROVODRUN, "-np", "2", "--min-np", "1", "--max-np", "2",
+           "--host-discovery-script", str(discover), "--gloo", "--network-interfaces", "lo",
+           PYTHON, "train.py", "--config", "configs/demo.yaml",
+           "--set", f"run.output_dir={tmp_path}", "--set", f"run.name={name}",
+           "--set", f"run.steps={STEPS}", "--set", "run.elastic=true",
+           "--set", "run.elastic_commit_interval=10", "--set", "run.log_interval=1",
+           "--set", "run.eval_interval=0", "--set", "run.checkpoint_interval=500",
+           "--set", "run.progress=never", "--set", "run.report=false",
+           "--set", f"optimizer.lr_milestones=[{STEPS - 200}]"]
+    job = subprocess.Popen(cmd, cwd=REPO, start_new_session=True, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True,
+                           env={**os.environ, "GRAVAC_HOSTS_FILE": str(hosts_file)})
+    return job, hosts_file, tmp_path / name / "metrics.jsonl"
+
+
+def _wait_for(job, metrics: Path, predicate, what: str):
+    deadline = time.time() + 300     # guards a broken set-up; not a speed limit
+    while time.time() < deadline:
+        records = read_records(metrics)
+        found = predicate(records)
+        if found:
+            return found
+        if job.poll() is not None:
+            raise AssertionError(f"the job ended before {what}:\n{job.stdout.read()[-3000:]}")
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _last_step(records) -> int:
+    steps = [r["step"] for r in records if r.get("kind") == "step"]
+    return steps[-1] if steps else 0
+
+
+def _resets(records) -> list[dict]:
+    return [r for r in records if r.get("kind") == "elastic_reset"]
+
+
+def _finish(job) -> str:
+    try:
+        job.wait(timeout=600)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+    return job.stdout.read()
+
+
+def _check_run(metrics: Path, output: str, job) -> list[dict]:
+    assert job.returncode == 0, output[-4000:]
+    records = read_records(metrics)
+    steps = [r["step"] for r in records if r.get("kind") == "step"]
+    assert steps == list(range(1, STEPS + 1)), "every step logged exactly once, in order"
+    final = [r for r in records if r.get("kind") == "run_end"]
+    assert len(final) == 1 and final[0]["final"]["top1"] > 0.9, final
+    return records
+
+
+def test_ranks_leave_and_join_while_training_goes_on(tmp_path):
+    job, hosts, metrics = _launch(tmp_path, "shrink_grow", "localhost:2\n")
+    try:
+        _wait_for(job, metrics, lambda r: _last_step(r) >= 100, "step 100")
+        hosts.write_text("localhost:1\n")            # one slot goes away
+        shrink = _wait_for(job, metrics, lambda r: _resets(r)[:1], "the reset to 1 rank")[0]
+        _wait_for(job, metrics, lambda r: _last_step(r) >= shrink["step"] + 100,
+                  "100 steps on 1 rank")
+        hosts.write_text("localhost:2\n")            # and comes back
+        _wait_for(job, metrics, lambda r: _resets(r)[1:], "the reset to 2 ranks")
+    finally:
+        output = _finish(job)
+    records = _check_run(metrics, output, job)
+    shrink, grow = _resets(records)
+    assert (shrink["previous_world_size"], shrink["world_size"]) == (2, 1)
+    assert (grow["previous_world_size"], grow["world_size"]) == (1, 2)
+    assert shrink["step"] % 10 == 0 and grow["step"] % 10 == 0   # resets happen at commits
+    world = {r["step"]: r["world_size"] for r in records if r.get("kind") == "step"}
+    assert {world[s] for s in range(1, shrink["step"] + 1)} == {2}
+    assert {world[s] for s in range(shrink["step"] + 1, grow["step"] + 1)} == {1}
+    assert {world[s] for s in range(grow["step"] + 1, STEPS + 1)} == {2}
+    # digits: 1437 training samples, batch 16: 44 steps per epoch on 2 ranks, 89 on 1;
+    # the position in the epoch carries over in samples (rounded down).
+    assert shrink["batch_in_epoch"] < 89 and grow["batch_in_epoch"] < 44
+    print(f"resets: 2 -> 1 rank at step {shrink['step']}, 1 -> 2 ranks at step {grow['step']}")
+
+
+def test_a_killed_worker_is_survived_from_the_last_commit(tmp_path):
+    """Two one-slot "hosts" (localhost and 127.0.0.1), so that Horovod blacklists only the
+    failed one. Rank 0 is killed: the survivor rolls back to the last commit, becomes rank 0,
+    takes over the metrics and finishes the run alone."""
+    name = "kill_elastic"
+    job, _, metrics = _launch(tmp_path, name, "localhost:1\n127.0.0.1:1\n")
+    try:
+        _wait_for(job, metrics, lambda r: _last_step(r) >= 150, "step 150")
+        pid = rank_pid(f"run.name={name}", 0)
+        assert pid is not None, "rank 0 not found"
+        os.kill(pid, signal.SIGKILL)
+        killed_at = time.time()
+        reset = _wait_for(job, metrics, lambda r: _resets(r)[:1], "the reset after the kill")[0]
+        took = time.time() - killed_at
+    finally:
+        output = _finish(job)
+    records = _check_run(metrics, output, job)
+    assert (reset["previous_world_size"], reset["world_size"]) == (2, 1)
+    assert reset["step"] >= 150 and reset["step"] % 10 == 0
+    print(f"training went on with 1 rank {took:.1f}s after SIGKILL of rank 0, from the "
+          f"commit at step {reset['step']}")
