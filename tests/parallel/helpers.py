@@ -1,5 +1,6 @@
 """Small models, per-rank data and reference computations shared by parallel tests."""
 import copy
+from pathlib import Path
 
 import horovod.torch as hvd
 import torch
@@ -47,3 +48,16 @@ def topk_sent(g_ef, k):
     sent = torch.zeros_like(g_ef)
     sent[idx] = g_ef[idx]
     return sent
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def demo_config(out, name, *compression_files, steps=40, extra=()):
+    """configs/demo.yaml (+ files of configs/compression/) writing to ``out/name``, quiet."""
+    from gravac.train.config import load_config
+
+    files = [str(REPO / "configs/demo.yaml"),
+             *[str(REPO / "configs/compression" / f) for f in compression_files]]
+    return load_config(files, [f"run.output_dir={out}", f"run.name={name}", f"run.steps={steps}",
+                               "run.log_interval=1", "run.progress=never", *extra])

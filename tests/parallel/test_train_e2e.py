@@ -6,18 +6,13 @@ import horovod.torch as hvd
 import pytest
 import torch
 
-from gravac.train.config import load_config
 from gravac.train.loop import train
-
-REPO = Path(__file__).resolve().parents[2]
-DEMO = str(REPO / "configs/demo.yaml")
+from helpers import demo_config
 
 
 def _cfg(out, name, *files, steps=40, extra=()):
-    return load_config([DEMO, *[str(REPO / "configs/compression" / f) for f in files]],
-                       [f"run.output_dir={out}", f"run.name={name}", f"run.steps={steps}",
-                        "run.eval_interval=20", "run.checkpoint_interval=0", "run.log_interval=1",
-                        "run.progress=never", *extra])
+    return demo_config(out, name, *files, steps=steps,
+                       extra=["run.eval_interval=20", "run.checkpoint_interval=0", *extra])
 
 
 @pytest.mark.parametrize("files,extra", [
