@@ -549,13 +549,17 @@ def load_digits_dataset(train: bool = True, test_fraction: float = 0.2,
 
 
 def synthetic_text(num_tokens: int, vocab_size: int, seed: int = 0, branching: int = 4,
-                   noise: float = 0.05) -> torch.Tensor:
+                   noise: float = 0.05, zipf: float = 0.0) -> torch.Tensor:
     """A learnable token stream from a random sparse Markov chain, int64 ``[num_tokens]``.
 
     Each token has ``branching`` successors drawn once from the vocabulary, taken with
     probabilities decreasing as 1/2, 1/4, ...; with probability ``noise`` the next token is
-    uniform instead. A model that learns the chain reaches a perplexity of about
+    drawn afresh instead. A model that learns the chain reaches a perplexity of about
     ``branching`` or less, far below ``vocab_size`` (uniform noise would not be learnable).
+    With ``zipf`` > 0, successors and fresh tokens are drawn with probability proportional
+    to ``1 / rank ** zipf`` (word frequencies in real text follow such a law, ``zipf`` ~ 1):
+    a large vocabulary whose frequent words are learnt quickly and whose rare rows of the
+    embedding and output layers get rare gradients, as with real text.
 
     Example::
 
@@ -567,12 +571,20 @@ def synthetic_text(num_tokens: int, vocab_size: int, seed: int = 0, branching: i
                          f"got {num_tokens}, {vocab_size}, {branching}")
     if not 0.0 <= noise <= 1.0:
         raise ValueError(f"synthetic_text: noise must be in [0, 1], got {noise}")
+    if zipf < 0:
+        raise ValueError(f"synthetic_text: zipf must be >= 0 (0 = uniform), got {zipf}")
     rng = np.random.default_rng(seed)
-    successors = rng.integers(0, vocab_size, size=(vocab_size, branching))
+    if zipf > 0:
+        word_p = 1.0 / np.arange(1, vocab_size + 1) ** zipf
+        word_p /= word_p.sum()
+        successors = rng.choice(vocab_size, size=(vocab_size, branching), p=word_p)
+        uniform = rng.choice(vocab_size, size=num_tokens, p=word_p)
+    else:
+        successors = rng.integers(0, vocab_size, size=(vocab_size, branching))
+        uniform = rng.integers(0, vocab_size, size=num_tokens)
     slot_p = 0.5 ** np.arange(1, branching + 1)
     slot_p /= slot_p.sum()
     slots = rng.choice(branching, size=num_tokens, p=slot_p)
-    uniform = rng.integers(0, vocab_size, size=num_tokens)
     is_noise = rng.random(num_tokens) < noise
     # The chain is sequential; plain Python lists make this loop ~10x faster than numpy scalars.
     succ = successors.tolist()

@@ -30,7 +30,7 @@ DATA_OPTIONS = {
                          "image_size": 32, "noise_std": 40.0, "label_noise": 0.0},
     "ptb": {},
     "synthetic_text": {"num_tokens": 200_000, "valid_tokens": 20_000, "vocab_size": 1000,
-                       "branching": 4},
+                       "branching": 4, "zipf": 0.0},
 }
 
 
@@ -207,7 +207,8 @@ class LanguageTask:
         else:
             vocab = opts["vocab_size"]
             tokens = D.synthetic_text(opts["num_tokens"] + opts["valid_tokens"], vocab,
-                                      seed=cfg.run.seed, branching=opts["branching"])
+                                      seed=cfg.run.seed, branching=opts["branching"],
+                                      zipf=opts["zipf"])
             train, valid = tokens[:opts["num_tokens"]], tokens[opts["num_tokens"]:]
         self.vocab_size = vocab
         self.model = _model(cfg, vocab_size=vocab)

@@ -346,6 +346,23 @@ def test_synthetic_text_is_markov_and_deterministic():
     assert top4 / counts.sum() > 0.85
 
 
+def test_synthetic_text_zipf_makes_few_words_frequent_and_stays_learnable():
+    tokens = synthetic_text(50_000, vocab_size=2000, seed=0, zipf=1.0)
+    assert torch.equal(tokens, synthetic_text(50_000, vocab_size=2000, seed=0, zipf=1.0))
+    counts = torch.bincount(tokens, minlength=2000).sort(descending=True).values
+    uniform = torch.bincount(synthetic_text(50_000, vocab_size=2000, seed=0),
+                             minlength=2000).sort(descending=True).values
+    # Zipf: the 1% most frequent words carry half the text (uniform chain: ~4%), and
+    # about half the words never occur in a stretch this short (uniform: ~1%).
+    assert counts[:20].sum() > 0.4 * len(tokens) and uniform[:20].sum() < 0.1 * len(tokens)
+    assert (counts == 0).sum() > 500 > 100 > (uniform == 0).sum()
+    pairs = torch.zeros(2000, 2000)
+    pairs.index_put_((tokens[:-1], tokens[1:]), torch.ones(len(tokens) - 1), accumulate=True)
+    assert pairs.topk(4, dim=1).values.sum() / pairs.sum() > 0.85   # still a sparse chain
+    with pytest.raises(ValueError, match="zipf"):
+        synthetic_text(10, vocab_size=5, zipf=-1.0)
+
+
 def test_synthetic_images_learnable_and_deterministic():
     images, labels = synthetic_images(400, num_classes=4, image_size=16, seed=0)
     assert images.shape == (400, 3, 16, 16) and images.dtype == torch.uint8
