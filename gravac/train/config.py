@@ -102,6 +102,8 @@ class GraVACConfig:
     policy: str = "exponential"
     alpha: float | None = None
     dense_probe_steps: int = 0
+    # "gain" (ALGORITHM.md) or "epsilon": θmin also scales up when the candidate cleared ε.
+    scale_up: str = "gain"
 
 
 @dataclass
@@ -387,7 +389,7 @@ def build_controller(c: CompressionConfig):
         g = c.gravac
         return GraVAC(theta_min=g.theta_min, theta_max=g.theta_max, epsilon=g.epsilon,
                       omega=g.omega, window=g.window, policy=g.policy, alpha=g.alpha,
-                      dense_probe_steps=g.dense_probe_steps)
+                      dense_probe_steps=g.dense_probe_steps, scale_up=g.scale_up)
     a = c.accordion
     return Accordion(low_cf=a.low_cf, high_cf=a.high_cf, switch_freq=a.switch_freq,
                      interval_steps=a.interval_steps, eta=a.eta)

@@ -70,6 +70,25 @@ def test_theta_min_scales_up_when_gains_are_close_and_candidate_climbs():
     assert ctrl2.theta_c == 1000, "stays at θmax when there is no higher rung"
 
 
+def test_scale_up_epsilon_rule_follows_the_candidate_that_was_sent():
+    """Gains 0.95 / 0.85 (10% apart, both above ε = 0.7): the spec's rule keeps θmin at
+    10; scale_up="epsilon" moves θmin to each candidate that cleared ε, and when the next
+    candidate does not (0.5), θmin stays at the last one that did, which is then sent."""
+    def gains(step, plan):
+        return (0.95, 0.5 if plan.theta_c == 160 else 0.85)
+    spec = GraVAC(theta_min=10, theta_max=1000, omega=0.01, window=4, alpha=1.0)
+    run(spec, 16, gains, lambda cf: 100.0 + cf)
+    assert (spec.theta_min, spec.theta_c) == (10, 1000)
+    eps = GraVAC(theta_min=10, theta_max=1000, omega=0.01, window=4, alpha=1.0,
+                 scale_up="epsilon")
+    log = run(eps, 16, gains, lambda cf: 100.0 + cf)
+    assert [d["theta_min"] for d in eps.decisions] == [10, 20, 40, 40]
+    assert [d["theta_c"] for d in eps.decisions] == [20, 40, 160, 1000]
+    assert [(sent, cf) for _, sent, cf, _, _ in log[12:]] == [("min", 40)] * 4
+    with pytest.raises(ValueError, match="scale_up"):
+        GraVAC(scale_up="always")
+
+
 def test_paper_case_settles_at_1280():
     """1280x and 2000x reach compression throughputs 1029.9 and 1035.4; ω = 1% -> 1280x."""
     throughput = {10: 500.0, 20: 600.0, 40: 700.0, 80: 800.0, 160: 900.0, 320: 950.0,
