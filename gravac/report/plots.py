@@ -94,16 +94,19 @@ def plot_metric(runs: Sequence[Run], x: str = "step") -> Figure:
     return fig
 
 
-def plot_loss(runs: Sequence[Run]) -> Figure:
-    """Training loss from step lines vs step."""
+def plot_loss(runs: Sequence[Run], x: str = "step") -> Figure:
+    """Training loss from step lines vs ``x`` ("step" or "time": what a faster link or a
+    higher CF buys shows only against wall-clock time)."""
     fig, (ax,) = _figure()
     plotted = False
     for i, run in enumerate(runs):
-        steps, loss = run.series("loss")
-        if steps:
-            ax.plot(steps, loss, color=_color(i), label=run.label, linewidth=1.2)
+        pairs = [(r["step"] if x == "step" else r["time"], r["loss"]) for r in run.steps
+                 if r.get("loss") is not None and (x == "step" or r.get("time") is not None)]
+        if pairs:
+            ax.plot(*zip(*pairs), color=_color(i), label=run.label, linewidth=1.2)
             plotted = True
-    _finish(ax, "step", "training loss", "Training loss vs step", plotted, "step records")
+    _finish(ax, "step" if x == "step" else "wall-clock time (s)", "training loss",
+            f"Training loss vs {x}", plotted, "step records")
     return fig
 
 
@@ -193,6 +196,8 @@ PLOTS: dict[str, tuple[Callable[[Sequence[Run]], Figure], str]] = {
     "metric_vs_time.png": (lambda runs: plot_metric(runs, "time"),
                            "Eval metric vs wall-clock time"),
     "loss_vs_step.png": (plot_loss, "Training loss vs step"),
+    "loss_vs_time.png": (lambda runs: plot_loss(runs, "time"),
+                         "Training loss vs wall-clock time"),
     "cf_vs_step.png": (plot_cf, "CF sent per step"),
     "cf_density.png": (plot_cf_density, "Share of steps at each CF"),
     "compression_throughput.png": (plot_compression_throughput,

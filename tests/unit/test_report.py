@@ -9,7 +9,7 @@ from gravac.report.__main__ import main
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 PNG_NAMES = ["metric_vs_step.png", "metric_vs_time.png", "loss_vs_step.png",
-             "cf_vs_step.png", "cf_density.png", "compression_throughput.png",
+             "loss_vs_time.png", "cf_vs_step.png", "cf_density.png", "compression_throughput.png",
              "floats_sent.png"]
 LOGGED = range(9, 100, 10)  # step lines every 10 steps: 9, 19, ..., 99
 
