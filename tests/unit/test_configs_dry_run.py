@@ -68,3 +68,18 @@ def test_missing_data_folder_is_a_config_error(tmp_path, capsys):
     assert code == 2
     err = capsys.readouterr().err
     assert "cifar-10-batches-py" in err and "nowhere" in err
+
+
+@pytest.mark.parametrize("workload", sorted((REPO / "configs/benchmarks").glob("*.yaml")),
+                         ids=lambda p: p.stem)
+def test_benchmark_workloads_dry_run_with_every_gravac_variant(workload, tmp_path, capsys):
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from end_to_end import METHODS, WORKLOADS
+
+    assert str(workload.relative_to(REPO)) in {w[0] for w in WORKLOADS.values()}
+    for name in ("gravac", "gravac_scale_eps", "gravac_eps0.3"):
+        compression, sets = METHODS[name]
+        overrides = [arg for s in sets for arg in ("--set", s)]
+        assert main(["--config", str(workload), str(REPO / "configs/compression" / compression),
+                     "--dry-run", "--set", f"run.output_dir={tmp_path}", *overrides]) == 0
+    assert "GraVAC(" in capsys.readouterr().out
