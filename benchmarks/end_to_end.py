@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import subprocess
 import sys
 import time
@@ -141,11 +140,12 @@ def table(rate: str, results: dict[str, dict], target: float) -> str:
     fp16 = results.get("horovod_fp16")
     for name, r in results.items():
         ttt = r["time_to_target"]
+        vs_fp16 = f"{r['samples_per_sec'] / fp16['samples_per_sec']:.2f}x" if fp16 else "—"
         ttt_ratio = (ttt / dense["time_to_target"]) if ttt and dense["time_to_target"] else None
         lines.append(
             f"| {name} | {r['samples_per_sec']:.0f} "
             f"| {r['samples_per_sec'] / dense['samples_per_sec']:.2f}x "
-            f"| {(r['samples_per_sec'] / fp16['samples_per_sec']) if fp16 else math.nan:.2f}x "
+            f"| {vs_fp16} "
             f"| {'never' if ttt is None else f'{ttt:.1f}'} "
             f"| {'—' if ttt_ratio is None else f'{ttt_ratio:.2f}x'} "
             f"| {r['final_loss']:.4f} | {(r['final_loss'] / dense['final_loss'] - 1) * 100:+.1f}% "

@@ -39,6 +39,7 @@ class ResidualMemory:
     def __init__(self):
         self._buffers: dict[str, torch.Tensor] = {}
         self._shapes: dict[str, torch.Size] = {}
+        self._zero: set[str] = set()     # residuals known to be all zeros
 
     @staticmethod
     def dtype_for(grad_dtype: torch.dtype) -> torch.dtype:
@@ -52,6 +53,7 @@ class ResidualMemory:
             buf = torch.zeros(grad.numel(), dtype=self.dtype_for(grad.dtype), device=grad.device)
             self._buffers[name] = buf
             self._shapes[name] = grad.shape
+            self._zero.add(name)
         elif buf.numel() != grad.numel():
             raise ValueError(f"residual of {name!r} has {buf.numel()} elements but the gradient "
                              f"has {grad.numel()}; parameter shapes must not change during training")
@@ -60,7 +62,19 @@ class ResidualMemory:
     def compensate(self, name: str, grad: torch.Tensor) -> torch.Tensor:
         """g_ef = grad + residual, flat, written into (and aliasing) the residual buffer."""
         buf = self._buffer(name, grad)
+        self._zero.discard(name)
         return buf.add_(grad.reshape(-1).to(buf.dtype))
+
+    def flush_into(self, name: str, grad: torch.Tensor) -> None:
+        """For a layer sent dense as a whole: grad += residual in place, residual ← 0.
+        The same result as ``compensate`` + copying g_ef into grad + ``update(.., None)``,
+        without touching memory when the residual is already zero."""
+        self._buffer(name, grad)
+        if name in self._zero:
+            return
+        g_ef = self.compensate(name, grad)
+        grad.view(-1).copy_(g_ef)
+        self.update(name, g_ef, None)
 
     def update(self, name: str, g_ef: torch.Tensor, sent) -> None:
         """residual ← g_ef − sent (see the class docstring for the forms of ``sent``)."""
@@ -71,12 +85,17 @@ class ResidualMemory:
             buf.copy_(g_ef.reshape(-1))
         if sent is None:
             buf.zero_()
-        elif isinstance(sent, SparseSent):
+            self._zero.add(name)
+            return
+        self._zero.discard(name)
+        if isinstance(sent, SparseSent):
             buf.index_add_(0, sent.indices, sent.values.to(buf.dtype), alpha=-1)
         else:
             buf.sub_(sent.reshape(-1).to(buf.dtype))
 
     def __getitem__(self, name: str) -> torch.Tensor:
+        """The residual of ``name`` (a view: read it, do not write it; use
+        ``load_state_dict`` to set residuals)."""
         return self._buffers[name].view(self._shapes[name])
 
     def __contains__(self, name: str) -> bool:
@@ -92,6 +111,7 @@ class ResidualMemory:
         """Zero every residual (e.g. after the set of ranks changed)."""
         for buf in self._buffers.values():
             buf.zero_()
+        self._zero = set(self._buffers)
 
     def state_dict(self) -> dict:
         return {"residuals": {name: self[name].detach().clone() for name in self._buffers}}
@@ -106,6 +126,7 @@ class ResidualMemory:
                                  f"but this model's has {tuple(self._shapes[name])}")
         self._buffers.clear()
         self._shapes.clear()
+        self._zero.clear()
         for name, value in state["residuals"].items():
             self._buffers[name] = value.detach().clone().reshape(-1)
             self._shapes[name] = value.shape

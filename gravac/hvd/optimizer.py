@@ -321,12 +321,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             if not layer.compressible:
                 continue
             cf = plan.cf_of(layer.name)
-            g_ef = self.memory.compensate(layer.name, layer.param.grad)
             if cf <= 1:
-                layer.param.grad.view(-1).copy_(g_ef)
-                self.memory.update(layer.name, g_ef, None)
+                # Planned dense: the gradient absorbs the residual (free when it is already
+                # zero, e.g. GraVAC settled on dense on a fast link: no extra passes).
+                self.memory.flush_into(layer.name, layer.param.grad)
                 dense.append(layer)
                 continue
+            g_ef = self.memory.compensate(layer.name, layer.param.grad)
             selections.append(self._select(layer, g_ef, cf, plan.theta_c, step))
 
         gain_min = gain_c = None

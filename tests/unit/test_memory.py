@@ -55,3 +55,29 @@ def test_state_dict_roundtrip_and_validation():
         mem.load_state_dict(bad)
     mem.reset()
     assert float(mem["a"].abs().sum()) == 0.0
+
+
+def test_flush_into_equals_compensate_copy_update_and_skips_zero_residuals():
+    for dtype in (torch.float32, torch.float16):
+        a, b = ResidualMemory(), ResidualMemory()
+        g0 = torch.tensor([0.3, -1.7, 2.2, 0.01], dtype=dtype)
+        for mem in (a, b):                              # leave a residual behind
+            g_ef = mem.compensate("w", g0)
+            mem.update("w", g_ef, SparseSent(torch.tensor([1]), g_ef[torch.tensor([1])]))
+        g_a = torch.tensor([1.1, 0.2, -0.4, 3.0], dtype=dtype)
+        g_b = g_a.clone()
+        a.flush_into("w", g_a)
+        g_ef = b.compensate("w", g_b)                   # the long way round
+        g_b.view(-1).copy_(g_ef)
+        b.update("w", g_ef, None)
+        assert torch.equal(g_a, g_b) and torch.equal(a["w"], b["w"])
+        assert float(a["w"].abs().sum()) == 0.0
+        again = g_a.clone()
+        a.flush_into("w", again)                        # residual zero: nothing changes
+        assert torch.equal(again, g_a)
+    fresh = ResidualMemory()
+    g = torch.ones(3)
+    fresh.flush_into("new", g)                          # no residual yet: created as zeros
+    assert torch.equal(g, torch.ones(3)) and torch.equal(fresh["new"], torch.zeros(3))
+    g_ef = fresh.compensate("new", g)                   # and error feedback works after it
+    assert torch.equal(g_ef, torch.ones(3))
