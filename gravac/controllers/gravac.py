@@ -28,7 +28,9 @@ Points ALGORITHM.md leaves to the implementation, settled here:
   well above ε; the spec's rule then keeps θmin at θmin₀ for good, every step pays the
   first-level compression at θmin₀ (on CPU the most expensive part), and once θc has
   climbed past what the gradients bear the fallback is θmin₀ instead of the last
-  candidate that was sent. Measured in docs/BENCHMARKS.md.
+  candidate that was sent. With this rule, a scale-up also drops the throughputs of CFs
+  below the new θmin from the table (measured with another first-level cost; the
+  saturation rule would otherwise settle back on them). Measured in docs/BENCHMARKS.md.
 """
 from __future__ import annotations
 
@@ -238,6 +240,12 @@ class GraVAC(Controller):
                 s["theta_min"] = s["theta_c"]
                 s["delta_min"] = d_c      # δc measured exactly this CF
                 scaled_up = True
+                if self.scale_up == "epsilon":
+                    # Throughputs of CFs below the new θmin were measured while every step
+                    # also paid the cheaper-CF first level; they are not comparable with
+                    # what comes next, and GraVAC does not go back there (dense stays).
+                    s["table"] = {cf: v for cf, v in s["table"].items()
+                                  if cf == 1.0 or cf >= s["theta_min"]}
             new_c = next_rung(self.ladder, s["theta_c"])
             if new_c != s["theta_c"]:
                 s["theta_c"], s["delta_c"] = new_c, None

@@ -89,6 +89,19 @@ def test_scale_up_epsilon_rule_follows_the_candidate_that_was_sent():
         GraVAC(scale_up="always")
 
 
+def test_scale_up_epsilon_forgets_throughputs_below_the_new_theta_min():
+    """20x and 40x reach compression throughputs within ω. Measured before θmin moved past
+    them, 20x's number is stale: with scale_up="epsilon" it is dropped when θmin reaches
+    40x, so GraVAC neither settles back on 20x nor forgets dense."""
+    speed = {1: 90.0, 10: 100.0, 20: 150.0, 40: 150.5, 160: 160.0, 1000: 170.0}
+    gains = lambda s, p: (0.95, 0.5 if p.theta_c == 160 else 0.85)
+    ctrl = GraVAC(theta_min=10, theta_max=1000, omega=0.01, window=4, alpha=1.0,
+                  dense_probe_steps=1, scale_up="epsilon")
+    run(ctrl, 12, gains, lambda cf: speed[int(cf)])
+    assert not ctrl.settled and (ctrl.theta_min, ctrl.theta_c) == (40, 160)
+    assert sorted(ctrl.decisions[-1]["table"]) == [1.0, 40.0]
+
+
 def test_paper_case_settles_at_1280():
     """1280x and 2000x reach compression throughputs 1029.9 and 1035.4; ω = 1% -> 1280x."""
     throughput = {10: 500.0, 20: 600.0, 40: 700.0, 80: 800.0, 160: 900.0, 320: 950.0,
