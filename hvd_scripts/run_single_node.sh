@@ -16,23 +16,11 @@
 #      horovodrun is used when present, else the one on PATH.
 set -euo pipefail
 
-usage() {
-    sed -n '2,7p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
-    echo "See the header of ${BASH_SOURCE[0]} for details." >&2
-    exit 2
-}
-die() { echo "run_single_node.sh: $*" >&2; exit 2; }
-
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-looked_in() { if [ "$PWD" = "$repo" ]; then echo "$repo"; else echo "$PWD and $repo"; fi; }
-venv=${GRAVAC_VENV:-$repo/.venv}
+usage_lines=7
 # shellcheck source=lib/launch.sh
 source "$repo/hvd_scripts/lib/launch.sh"
-
-if [ $# -ge 1 ] && { [ "$1" = -h ] || [ "$1" = --help ]; }; then
-    sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | grep '^#' | sed 's/^# \{0,1\}//'
-    exit 0
-fi
+show_help_if_asked "$@"
 [ $# -ge 2 ] || usage
 
 np=$1

@@ -1,5 +1,30 @@
-# Shared by run_single_node.sh and run_multi_node.sh (sourced, not run). The caller has
-# set `repo` and `venv` and defined `die`, `usage` and `looked_in`.
+# Shared by run_single_node.sh and run_multi_node.sh (sourced, not run). The caller sets
+# `repo` (the repository root) and `usage_lines` (the last header line of its usage text)
+# before sourcing; this file answers -h/--help and provides `die`, `usage`, `looked_in`,
+# `venv`, `parse_configs` and `find_horovodrun`.
+
+script_path=${BASH_SOURCE[1]}
+script_name=$(basename "$script_path")
+venv=${GRAVAC_VENV:-$repo/.venv}
+
+die() { echo "$script_name: $*" >&2; exit 2; }
+
+# usage: the usage lines of the caller's header, then where to read more; exit 2.
+usage() {
+    sed -n "2,${usage_lines}p" "$script_path" | sed 's/^# \{0,1\}//' >&2
+    echo "See the header of $script_path for details." >&2
+    exit 2
+}
+
+looked_in() { if [ "$PWD" = "$repo" ]; then echo "$repo"; else echo "$PWD and $repo"; fi; }
+
+# show_help_if_asked "$@": the caller's whole header on -h/--help; exit 0.
+show_help_if_asked() {
+    if [ $# -ge 1 ] && { [ "$1" = -h ] || [ "$1" = --help ]; }; then
+        sed -n '2,/^set -euo/p' "$script_path" | grep '^#' | sed 's/^# \{0,1\}//'
+        exit 0
+    fi
+}
 
 # parse_configs CONFIG [CONFIG ...] [-- TRAIN_ARGS...]: fills `configs` (absolute paths,
 # looked up in the current directory, then the repo) and `train_args`.
