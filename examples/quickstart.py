@@ -56,8 +56,8 @@ def main(args):
             loss.backward()
             opt.step()
             total += loss.item()
-            floats += opt.last_stats["floats_sent"]
-            dense += opt.last_stats["dense_floats"]
+            floats += opt.last_stats.floats_sent
+            dense += opt.last_stats.dense_floats
         steps = len(y) // args.batch_size
         avg = hvd.allreduce(torch.tensor(total / steps), name="epoch_loss")
         with torch.no_grad():

@@ -8,10 +8,13 @@ Example::
                                       model.named_parameters(), compressor="topk",
                                       controller=gravac.controllers.Static(cf=100))
 
-``gravac.compressors``, ``gravac.memory`` and ``gravac.controllers`` are pure PyTorch;
-only ``gravac.hvd`` (and ``gravac.DistributedOptimizer``) import Horovod.
+Under torchrun, ``gravac.torch.DistributedOptimizer`` is the same optimizer on
+torch.distributed. ``gravac.compressors``, ``memory``, ``controllers`` and ``engine`` are
+pure PyTorch; only ``gravac.hvd`` / ``gravac.comm.horovod`` (and
+``gravac.DistributedOptimizer``) import Horovod, only ``gravac.torch`` /
+``gravac.comm.torchdist`` import torch.distributed.
 """
-from . import compressors, controllers, memory
+from . import comm, compressors, controllers, engine, memory
 
 __version__ = "0.1.0"
 
@@ -25,4 +28,5 @@ def __getattr__(name):
     raise AttributeError(f"module 'gravac' has no attribute {name!r}")
 
 
-__all__ = ["DistributedOptimizer", "compressors", "controllers", "memory", "__version__"]
+__all__ = ["DistributedOptimizer", "comm", "compressors", "controllers", "engine", "memory",
+           "__version__"]

@@ -14,7 +14,7 @@ Example::
 """
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Mapping, NamedTuple
 
 import torch
 
@@ -116,19 +116,35 @@ class ResidualMemory:
     def state_dict(self) -> dict:
         return {"residuals": {name: self[name].detach().clone() for name in self._buffers}}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict, like: Mapping[str, torch.Tensor] | None = None) -> None:
+        """Set the residuals from ``state_dict()``'s output.
+
+        ``like`` maps names to the parameters (or gradients) the residuals belong to: each
+        loaded residual moves to that tensor's device and to ``dtype_for`` its dtype, so a
+        checkpoint read with ``map_location="cpu"`` resumes on a GPU, or after a change of
+        precision. Names not in ``like`` keep the device and dtype they were saved with.
+        """
         if not isinstance(state, dict) or "residuals" not in state:
             raise ValueError("not a ResidualMemory state dict: expected a dict with key 'residuals'")
+        like = like or {}
         for name, value in state["residuals"].items():
             buf = self._buffers.get(name)
-            if buf is not None and buf.numel() != value.numel():
+            target = like.get(name)
+            expected = buf.numel() if buf is not None else (
+                target.numel() if target is not None else value.numel())
+            if value.numel() != expected:
+                shape = tuple(self._shapes[name]) if buf is not None else tuple(target.shape)
                 raise ValueError(f"residual {name!r} in the state dict has shape {tuple(value.shape)}, "
-                                 f"but this model's has {tuple(self._shapes[name])}")
+                                 f"but this model's has {shape}")
         self._buffers.clear()
         self._shapes.clear()
         self._zero.clear()
         for name, value in state["residuals"].items():
-            self._buffers[name] = value.detach().clone().reshape(-1)
+            value = value.detach()
+            target = like.get(name)
+            if target is not None:
+                value = value.to(device=target.device, dtype=self.dtype_for(target.dtype))
+            self._buffers[name] = value.clone().reshape(-1)
             self._shapes[name] = value.shape
 
     def to(self, device) -> "ResidualMemory":

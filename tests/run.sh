@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Run the test suites: `tests/run.sh all|unit|parallel|faults` (`make test` runs all).
-# Unit tests run in one process; parallel tests under horovodrun -np 2 --gloo; fault tests
+# Unit tests run in one process; parallel tests twice, on each transport: under
+# horovodrun -np 2 --gloo and under torchrun --nproc-per-node 2 (gloo); fault tests
 # (tests/faults: killed and frozen ranks, property-based tests) launch their own jobs. Ends
 # with one plain line "tests: N passed, N failed, N skipped" counting all of them.
 set -uo pipefail
@@ -8,6 +9,7 @@ cd "$(dirname "$0")/.."
 what=${1:-all}
 PY=${PY:-.venv/bin/python}
 HOROVODRUN=${HOROVODRUN:-.venv/bin/horovodrun}
+TORCHRUN=${TORCHRUN:-.venv/bin/torchrun}
 results=.test-results
 rm -rf "$results" && mkdir -p "$results"
 status=0
@@ -17,9 +19,13 @@ if [ "$what" = all ] || [ "$what" = unit ]; then
     "$PY" -m pytest tests/unit -q -p no:cacheprovider --junitxml="$results/unit.xml" || status=1
 fi
 if [ "$what" = all ] || [ "$what" = parallel ]; then
-    echo "== parallel tests (horovodrun -np 2 --gloo) =="
+    echo "== parallel tests, Horovod (horovodrun -np 2 --gloo) =="
     # A guard, not a speed limit: a collective mismatch must fail the run, never hang CI.
-    timeout -k 30 1500 "$HOROVODRUN" -np 2 -H localhost:2 --gloo \
+    # Dynamic process sets: the sub-group tests make Horovod process sets at run time.
+    HOROVOD_DYNAMIC_PROCESS_SETS=1 timeout -k 30 1500 "$HOROVODRUN" -np 2 -H localhost:2 --gloo \
+        bash tests/parallel/run_rank.sh "$results" -q -p no:cacheprovider || status=1
+    echo "== parallel tests, torch.distributed (torchrun --nproc-per-node 2, gloo) =="
+    timeout -k 30 1500 "$TORCHRUN" --standalone --nproc-per-node 2 --no-python \
         bash tests/parallel/run_rank.sh "$results" -q -p no:cacheprovider || status=1
 fi
 if [ "$what" = all ] || [ "$what" = faults ]; then

@@ -1,6 +1,7 @@
 """Print one closing line over the JUnit files of a test run.
 
-Parallel tests run on every rank: a test counts once, and fails if it failed on any rank.
+Parallel tests run on every rank of each transport: a test counts once per transport
+(``parallel-<transport>-rank<N>.xml``), and fails if it failed on any rank.
 Usage: python tests/summarize.py RESULTS_DIR
 """
 import sys
@@ -10,8 +11,10 @@ from pathlib import Path
 
 def outcomes(path: Path) -> dict[str, str]:
     result = {}
+    # The transport of a parallel run keeps its tests apart from the other transport's.
+    transport = path.stem.split("-rank")[0] + ":" if "-rank" in path.stem else ""
     for case in ET.parse(path).getroot().iter("testcase"):
-        name = f"{case.get('classname')}::{case.get('name')}"
+        name = f"{transport}{case.get('classname')}::{case.get('name')}"
         if case.find("failure") is not None or case.find("error") is not None:
             result[name] = "failed"
         elif case.find("skipped") is not None:
@@ -29,8 +32,8 @@ def main(results: Path) -> int:
             if merged.get(name) != "failed":
                 merged[name] = outcome if outcome == "failed" or name not in merged else merged[name]
     counts = {k: sum(1 for v in merged.values() if v == k) for k in ("passed", "failed", "skipped")}
-    ranks = len([f for f in files if f.name.startswith("parallel-rank")])
-    print(f"(from {len(files)} result files; parallel tests on {ranks} ranks)")
+    runs = sorted({f.stem.split("-rank")[0] for f in files if "-rank" in f.stem})
+    print(f"(from {len(files)} result files; parallel runs: {', '.join(runs) or 'none'})")
     print(f"tests: {counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped")
     return 1 if counts["failed"] or not merged else 0
 

@@ -103,6 +103,11 @@ class Accordion(Controller):
         if self.interval_steps is not None and self._state["steps_in_interval"] >= self.interval_steps:
             self.end_interval()
 
+    def on_epoch_end(self) -> None:
+        # The default interval is one epoch (interval_steps=None): the loop says when.
+        if self.interval_steps is None:
+            self.end_interval()
+
     def end_interval(self) -> None:
         """Close an accumulation interval (call on every rank; collective)."""
         if self._sync is None:

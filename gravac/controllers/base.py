@@ -110,6 +110,14 @@ class Controller(ABC):
     def end_step(self, record: StepRecord, sync: Sync) -> None:
         """Called after every step on every rank, in the same order."""
 
+    def on_epoch_end(self) -> None:
+        """The training loop finished an epoch (the same step on every rank)."""
+
+    def summary(self) -> dict:
+        """A few numbers worth logging every step (e.g. GraVAC's smoothed gains
+        ``delta_min``/``delta_c``); the step record and the trainer read them here."""
+        return {}
+
     @property
     def decisions(self) -> list[dict]:
         """Window decisions so far (for logging); empty for controllers without windows."""

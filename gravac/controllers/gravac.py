@@ -149,6 +149,9 @@ class GraVAC(Controller):
     def delta_c(self):
         return self._state["delta_c"]
 
+    def summary(self) -> dict:
+        return {"delta_min": self.delta_min, "delta_c": self.delta_c}
+
     @property
     def settled(self) -> bool:
         return self._state["settled"]

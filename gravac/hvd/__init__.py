@@ -1,6 +1,4 @@
-"""Everything that touches Horovod: the transport format, the sync helper, the optimizer."""
-from .compression import SparseCompression, SparseLayer
+"""The Horovod front end: ``DistributedOptimizer`` over ``gravac.comm.horovod.HorovodComm``."""
 from .optimizer import DistributedOptimizer
-from .sync import HorovodSync
 
-__all__ = ["DistributedOptimizer", "SparseCompression", "SparseLayer", "HorovodSync"]
+__all__ = ["DistributedOptimizer"]

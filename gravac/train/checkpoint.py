@@ -13,8 +13,8 @@ names a complete checkpoint; a crash mid-save leaves the previous one in place.
 
 Example::
 
-    save_checkpoint(run_dir, step, common, rank_state, rank, world_size, keep=2)
-    found = load_checkpoint(run_dir, rank)     # (common, rank_state, info) or None
+    save_checkpoint(run_dir, step, common, rank_state, comm, keep=2)
+    found = load_checkpoint(run_dir, comm)     # (common, rank_state, info) or None
 """
 from __future__ import annotations
 
@@ -34,12 +34,6 @@ def checkpoint_root(run_dir: str | Path) -> Path:
     return Path(run_dir) / "checkpoints"
 
 
-def _barrier(name: str) -> None:
-    import horovod.torch as hvd
-
-    hvd.allreduce(torch.zeros(1), name=name, op=hvd.Sum)
-
-
 def rng_state() -> dict:
     return {"torch": torch.get_rng_state(), "python": random.getstate()}
 
@@ -49,22 +43,24 @@ def set_rng_state(state: dict) -> None:
     random.setstate(state["python"])
 
 
-def save_checkpoint(run_dir, step: int, common: dict, rank_state: dict, rank: int,
-                    world_size: int, keep: int = 2) -> Path:
-    """Collective: every rank calls it at the same step."""
+def save_checkpoint(run_dir, step: int, common: dict, rank_state: dict, comm,
+                    keep: int = 2) -> Path:
+    """Collective over ``comm`` (a ``gravac.comm.Comm``): every rank calls it at the same
+    step."""
+    rank, world_size = comm.rank, comm.size
     root = checkpoint_root(run_dir)
     name = f"step_{step:08d}"
     folder = root / name
     atomic_torch_save(rank_state, folder / f"rank_{rank:05d}.pt")
     if rank == 0:
         atomic_torch_save(common, folder / "common.pt")
-    _barrier(f"gravac.checkpoint.{step}")
+    comm.barrier(f"gravac.checkpoint.{step}")
     if rank == 0:
         atomic_write_text(root / LATEST, json.dumps({"step": step, "dir": name,
                                                      "world_size": world_size}))
         _prune(root, keep, current=name)
     # When save returns, the checkpoint is complete and named by latest.json on every rank.
-    _barrier(f"gravac.checkpoint.{step}.done")
+    comm.barrier(f"gravac.checkpoint.{step}.done")
     return folder
 
 
@@ -120,7 +116,7 @@ def _read(folder: Path, rank: int, world_size: int):
     return (common, rank_state), None
 
 
-def load_checkpoint(run_dir, rank: int, log=print):
+def load_checkpoint(run_dir, comm, log=print):
     """Collective: (common, rank_state, info) of the newest checkpoint every rank can read.
 
     A truncated or corrupt file makes every rank skip that checkpoint (agreed with one tiny
@@ -128,17 +124,15 @@ def load_checkpoint(run_dir, rank: int, log=print):
     when there is no checkpoint. A rank that did not exist when the checkpoint was written
     gets ``rank_state = None`` (it starts with empty residuals).
     """
-    import horovod.torch as hvd
-
-    candidates = hvd.broadcast_object(_candidates(run_dir), root_rank=0,
-                                      name="gravac.checkpoint.candidates")
+    rank = comm.rank
+    candidates = comm.broadcast_object(_candidates(run_dir), name="gravac.checkpoint.candidates")
     for i, info in enumerate(candidates):
         folder = checkpoint_root(run_dir) / info["dir"]
         loaded, problem = _read(folder, rank, info["world_size"])
-        bad = torch.zeros(hvd.size())
+        bad = torch.zeros(comm.size)
         if problem is not None:
             bad[rank] = 1.0
-        bad = hvd.allreduce(bad, op=hvd.Sum, name=f"gravac.checkpoint.check.{i}")
+        bad = comm.allreduce(bad, op="sum", name=f"gravac.checkpoint.check.{i}")
         if not bool(bad.any()):
             return loaded[0], loaded[1], info
         if problem is not None:

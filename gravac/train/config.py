@@ -61,6 +61,9 @@ class RunConfig:
     # leave and join; the state is committed in memory every elastic_commit_interval steps.
     elastic: bool = False
     elastic_commit_interval: int = 10
+    # Transport: "auto" (whichever launched this process: torchrun -> torch, else
+    # horovod), "horovod" or "torch" (torch.distributed: gloo on CPU, nccl on GPU).
+    backend: str = "auto"
 
 
 @dataclass
@@ -323,6 +326,11 @@ def validate(cfg: Config) -> None:
              "must be >= 0 seconds (0 turns the stall watchdog off)")
     _require(r.elastic_commit_interval >= 1, "run.elastic_commit_interval",
              r.elastic_commit_interval, "must be >= 1 (steps between in-memory commits)")
+    from ..comm import BACKENDS
+    _require(r.backend in BACKENDS, "run.backend", r.backend, f"must be one of {', '.join(BACKENDS)}")
+    _require(not (r.elastic and r.backend in ("torch", "local")), "run.backend", r.backend,
+             "cannot be combined with run.elastic=true: Horovod Elastic is Horovod-only; use "
+             "run.backend=horovod (or auto under horovodrun) or drop run.elastic")
 
     from .models import MODEL_NAMES
     _require(cfg.model.name in MODEL_NAMES, "model.name", cfg.model.name,

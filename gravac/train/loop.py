@@ -1,10 +1,12 @@
 """The training loop behind ``train.py``: build, (resume,) train, evaluate, checkpoint, log.
 
-``train(cfg, resume=False, dry_run=False)`` runs on every rank under horovodrun. Every
-collective (gradient exchange, evaluation sums, checkpoint barrier, controller windows)
-happens at steps all ranks agree on, because every rank runs the same number of steps
-per epoch and the same schedule. With ``run.elastic`` the same ``Trainer`` runs under
-Horovod Elastic (``gravac/train/elastic.py``).
+``train(cfg, resume=False, dry_run=False)`` runs on every rank under horovodrun or
+torchrun (``run.backend``: auto, horovod or torch); every collective goes through the
+run's ``gravac.comm.Comm``. Every collective (gradient exchange, evaluation sums,
+checkpoint barrier, controller windows) happens at steps all ranks agree on, because
+every rank runs the same number of steps per epoch and the same schedule. With
+``run.elastic`` the same ``Trainer`` runs under Horovod Elastic
+(``gravac/train/elastic.py``; Horovod only).
 
 Example::
 
@@ -13,6 +15,7 @@ Example::
 """
 from __future__ import annotations
 
+import copy
 import os
 import random
 import shutil
@@ -21,43 +24,59 @@ from pathlib import Path
 
 import torch
 
+from ..comm import Comm
+from ..comm import init as init_comm
+from ..engine import STATE_KEY, StepStats, broadcast_optimizer_state, wrap_optimizer
+from ..engine.record import LOGGED_STATS
 from .checkpoint import latest_info, load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from .atomic import atomic_write_text
 from .config import Config, ConfigError, build_controller, dump_yaml, to_dict
 from .monitor import METRICS, RunLogger, truncate_metrics
 from .tasks import build_task
 from .watchdog import StallWatchdog
 
 
-def build_optimizer(cfg: Config, model: torch.nn.Module, defer_agreement: bool = False):
-    """The wrapped optimizer: plain Horovod for ``dense``, gravac's otherwise."""
-    import horovod.torch as hvd
-
-    import gravac
-
+def build_optimizer(cfg: Config, model: torch.nn.Module, comm: Comm,
+                    defer_agreement: bool = False):
+    """The wrapped optimizer. ``dense`` is what a user would run without gravac: on
+    Horovod plain ``hvd.DistributedOptimizer`` (``Compression.fp16`` with
+    ``horovod_compression=fp16``); on torch.distributed a plain optimizer, the model
+    being in DDP (``uses_ddp``); in one process gravac's with no compression."""
     o = cfg.optimizer
     base = torch.optim.SGD(model.parameters(), lr=o.lr, momentum=o.momentum,
                            weight_decay=o.weight_decay, nesterov=o.nesterov)
     c = cfg.compression
-    if c.controller == "dense":
+    if c.controller == "dense" and comm.backend == "horovod":
+        import horovod.torch as hvd
+
         compression = hvd.Compression.fp16 if c.horovod_compression == "fp16" else hvd.Compression.none
         return hvd.DistributedOptimizer(base, named_parameters=model.named_parameters(),
-                                        compression=compression)
-    return gravac.DistributedOptimizer(base, model.named_parameters(), compressor=c.compressor,
-                                       compressor_options=c.compressor_options,
-                                       controller=build_controller(c),
-                                       min_compress_numel=c.min_compress_numel,
-                                       batch_size=cfg.data.batch_size,
-                                       nonfinite=c.nonfinite,
-                                       max_consecutive_skips=c.max_consecutive_skips,
-                                       defer_agreement=defer_agreement)
+                                        compression=compression,
+                                        process_set=comm.process_set)
+    if uses_ddp(cfg, comm):
+        return base
+    dense = c.controller == "dense"
+    return wrap_optimizer(base, model.named_parameters(), comm,
+                          compressor="none" if dense else c.compressor,
+                          compressor_options=None if dense else c.compressor_options,
+                          controller=None if dense else build_controller(c),
+                          min_compress_numel=c.min_compress_numel,
+                          batch_size=cfg.data.batch_size, nonfinite=c.nonfinite,
+                          max_consecutive_skips=c.max_consecutive_skips,
+                          defer_agreement=defer_agreement,
+                          dense_wire="fp16" if dense and c.horovod_compression == "fp16"
+                          else "native")
 
 
-def _prepare_run_dir(cfg: Config, run_dir: Path, resume: bool, rank: int) -> None:
+def uses_ddp(cfg: Config, comm: Comm) -> bool:
+    """Dense on torch.distributed is PyTorch DDP (its fp16 hook for ``fp16``)."""
+    return cfg.compression.controller == "dense" and comm.backend == "torch"
+
+
+def _prepare_run_dir(cfg: Config, run_dir: Path, resume: bool, comm: Comm) -> None:
     """Rank 0 checks the output directory; every rank gets its verdict."""
-    import horovod.torch as hvd
-
     problem = None
-    if rank == 0:
+    if comm.rank == 0:
         occupied = (run_dir / METRICS).exists() or (run_dir / "checkpoints").exists()
         if resume:
             if latest_info(run_dir) is None:
@@ -68,22 +87,17 @@ def _prepare_run_dir(cfg: Config, run_dir: Path, resume: bool, rank: int) -> Non
                        "with --set run.overwrite=true, or choose another run.name")
         elif occupied:
             shutil.rmtree(run_dir)
-    problem = hvd.broadcast_object(problem, root_rank=0, name="gravac.run_dir")
+    problem = comm.broadcast_object(problem, name="gravac.run_dir")
     if problem:
         raise ConfigError(problem)
-    if rank == 0:
-        from .atomic import atomic_write_text
-
+    if comm.rank == 0:
         atomic_write_text(run_dir / "config.yaml", dump_yaml(cfg))
 
 
-def _step_stats(opt, dense_numel: int) -> dict:
+def _step_stats(opt, step: int, dense_numel: int) -> StepStats:
+    """The engine's record of the step, or a dense one for plain Horovod."""
     stats = getattr(opt, "last_stats", None)
-    if stats:
-        return dict(stats)
-    return {"cf": 1.0, "sent": "dense", "floats_sent": dense_numel, "dense_floats": dense_numel,
-            "theta_min": None, "theta_c": None, "gain_min": None, "gain_c": None,
-            "t_compute": None, "t_compress": None, "t_comm": None}
+    return stats if isinstance(stats, StepStats) else StepStats.dense(step, dense_numel)
 
 
 class Trainer:
@@ -94,31 +108,38 @@ class Trainer:
 
     Example::
 
-        hvd.init()
-        trainer = Trainer(cfg)
+        comm = gravac.comm.init(cfg.run.backend)
+        trainer = Trainer(cfg, comm)
         trainer.start(resume=False)
         trainer.open_log()
         trainer.run()
         summary = trainer.finish()
     """
 
-    def __init__(self, cfg: Config, elastic: bool = False):
-        import horovod.torch as hvd
-
-        self.cfg = cfg
-        self.rank, self.world = hvd.rank(), hvd.size()
-        torch.set_num_threads(cfg.run.threads or max(1, (os.cpu_count() or 1) // hvd.local_size()))
+    def __init__(self, cfg: Config, comm: Comm, elastic: bool = False):
+        self.cfg, self.comm = cfg, comm
+        self.rank, self.world = comm.rank, comm.size
+        torch.set_num_threads(cfg.run.threads or max(1, (os.cpu_count() or 1) // comm.local_size))
         torch.manual_seed(cfg.run.seed)
         random.seed(cfg.run.seed)
         self.task = build_task(cfg, self.rank, self.world)
         self.model = self.task.model
-        self.opt = build_optimizer(cfg, self.model, defer_agreement=elastic)
+        self.opt = build_optimizer(cfg, self.model, comm, defer_agreement=elastic)
+        if uses_ddp(cfg, comm):
+            from ..torch.ddp import wrap_ddp
+
+            # The task's forward (and so backward) goes through DDP, which averages the
+            # gradients; checkpoints and evaluation keep using the bare model.
+            self.task.model = wrap_ddp(self.model, comm,
+                                       fp16=cfg.compression.horovod_compression == "fp16")
         o = cfg.optimizer
         self.scheduler = torch.optim.lr_scheduler.MultiStepLR(self.opt, milestones=o.lr_milestones,
                                                               gamma=o.lr_gamma)
         self.total_steps = cfg.run.steps or cfg.run.epochs * self.task.steps_per_epoch
         self.run_dir = Path(cfg.run.output_dir) / cfg.run.name
-        self.controller = getattr(self.opt, "controller", None)
+        # None for plain Horovod dense; gravac's optimizer always has one.
+        self.controller = getattr(self.opt, "controller", None) if hasattr(self.opt, "last_stats") \
+            else None
         self.dense_numel = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
         self.step = self.epoch = self.batch_in_epoch = 0
         self.elapsed0 = 0.0
@@ -141,9 +162,13 @@ class Trainer:
             lines.append(f"compressor {cfg.compression.compressor}, controller "
                          f"{opt.controller!r}; {len(names)} of {len(opt.layer_names)} layers "
                          "compressed")
+        elif uses_ddp(cfg, self.comm):
+            lines.append(f"dense PyTorch DDP (fp16 hook: "
+                         f"{cfg.compression.horovod_compression == 'fp16'})")
         else:
             lines.append(f"dense Horovod allreduce (compression "
                          f"{cfg.compression.horovod_compression})")
+        lines.append(f"transport {self.comm.backend}: {self.world} rank(s)")
         return "\n".join(lines)
 
     def elapsed(self) -> float:
@@ -152,18 +177,16 @@ class Trainer:
 
     def start(self, resume: bool) -> None:
         """Collective: claim the run directory, then resume or broadcast rank 0's model."""
-        import horovod.torch as hvd
-
-        rank = self.rank
-        _prepare_run_dir(self.cfg, self.run_dir, resume, rank)
+        rank, comm = self.rank, self.comm
+        _prepare_run_dir(self.cfg, self.run_dir, resume, comm)
         self.resumed = resume
         if not resume:
-            hvd.broadcast_parameters(self.model.state_dict(), root_rank=0)
-            hvd.broadcast_optimizer_state(self.opt, root_rank=0)
+            comm.broadcast_parameters(self.model.state_dict())
+            broadcast_optimizer_state(self.opt, comm)
             self._clock0 = time.perf_counter()
             return
         common, rank_state, info = load_checkpoint(
-            self.run_dir, rank, log=lambda text: print(f"[rank {rank}] {text}", flush=True))
+            self.run_dir, comm, log=lambda text: print(f"[rank {rank}] {text}", flush=True))
         if info["world_size"] != self.world:
             raise ConfigError(f"--resume: the checkpoint was written by {info['world_size']} "
                               f"ranks, this job has {self.world}; run with -np "
@@ -185,8 +208,6 @@ class Trainer:
 
     def open_log(self, record: dict | None = None) -> None:
         """(Re)open the metrics/TensorBoard writers on rank 0 and say what runs."""
-        import horovod.torch as hvd
-
         self.log.close()
         self.log = RunLogger(self.run_dir, enabled=self.rank == 0, total_steps=self.total_steps,
                              progress=self.cfg.run.progress, initial_step=self.step)
@@ -199,11 +220,76 @@ class Trainer:
             "model": self.cfg.model.name, "dataset": self.cfg.data.name,
             "batch_size": self.cfg.data.batch_size, "metric": self.task.metric,
             "total_steps": self.total_steps, "resumed": self.resumed,
-            "elastic": bool(self.cfg.run.elastic), "horovod_size": hvd.size()})
+            "elastic": bool(self.cfg.run.elastic), "backend": self.comm.backend})
         self.log.message(self.describe())
 
     def close_log(self) -> None:
         self.log.close()
+
+    # -- in-memory state (Horovod Elastic commits) ------------------------------------------
+    #: The loop position a snapshot carries (shared: rank 0's wins on a sync).
+    POSITION = ("step", "epoch", "batch_in_epoch", "cum_floats", "cum_dense", "world",
+                "total_steps", "started", "resumed")
+
+    def snapshot(self) -> dict:
+        """The trainer's state deep-copied to host memory: ``model``, ``shared`` (what
+        every rank takes from rank 0 on a sync: optimizer, controller, schedule, position)
+        and ``local`` (this process's own: residuals, compressor and RNG states, data)."""
+        opt_state = self.opt.state_dict()
+        extra = opt_state.pop(STATE_KEY, None)
+        local = {"rng": rng_state(), "task": self.task.state_dict()}
+        if extra is not None:
+            extra = dict(extra)
+            local["memory"] = extra.pop("memory")
+            local["compressor"] = extra.pop("compressor")
+        shared = {"optimizer": opt_state, "gravac": extra, "scheduler": self.scheduler.state_dict(),
+                  "position": {k: getattr(self, k) for k in self.POSITION}}
+        return copy.deepcopy({"model": self.model.state_dict(), "shared": shared, "local": local})
+
+    def restore(self, model_state: dict | None, shared: dict, local: dict) -> None:
+        """Load what ``snapshot`` returned (``model_state`` None: keep the model)."""
+        if model_state is not None:
+            self.model.load_state_dict(model_state)
+        opt_state = copy.deepcopy(shared["optimizer"])
+        if shared["gravac"] is not None:
+            extra = copy.deepcopy(shared["gravac"])
+            extra["memory"] = copy.deepcopy(local["memory"])
+            extra["compressor"] = copy.deepcopy(local["compressor"])
+            opt_state[STATE_KEY] = extra
+        # Also drops gradient handles a failed collective left behind (Horovod's optimizer
+        # clears them in load_state_dict; gravac's resets its step flags).
+        self.opt.load_state_dict(opt_state)
+        self.scheduler.load_state_dict(copy.deepcopy(shared["scheduler"]))
+        for key, value in shared["position"].items():
+            setattr(self, key, value)
+        set_rng_state(local["rng"])
+        self.task.load_state_dict(copy.deepcopy(local["task"]))
+
+    def restart_clock(self, elapsed: float) -> None:
+        """Continue the training-time clock from ``elapsed`` seconds."""
+        self.elapsed0, self._clock0 = elapsed, time.perf_counter()
+
+    def reattach(self, comm: Comm) -> int | None:
+        """Adopt a new set of ranks (an elastic reset). Collective over ``comm``. Returns
+        the world size the position was reached with when it differs, else None."""
+        # Every rank must stand at the same step, or the collectives below would pair up
+        # wrongly; also orders this after every rank has left the previous attempt.
+        steps = comm.allgather_object(self.step, name="gravac.elastic.attach")
+        if len(set(steps)) != 1:
+            raise RuntimeError(f"elastic reset: ranks stand at different steps {steps}; the "
+                               "committed states differ, which must not happen")
+        rank, world = comm.rank, comm.size
+        previous = self.world if self.world != world else None
+        if (rank, world) != (self.task.rank, self.task.world_size) or previous is not None:
+            self.batch_in_epoch = self.task.reshard(rank, world, self.batch_in_epoch, self.world)
+            if self.cfg.run.epochs is not None:
+                spe = self.task.steps_per_epoch
+                self.total_steps = (self.step + (spe - self.batch_in_epoch)
+                                    + (self.cfg.run.epochs - self.epoch - 1) * spe)
+        self.comm, self.rank, self.world = comm, rank, world
+        if hasattr(self.opt, "reset_world"):
+            self.opt.reset_world(comm)
+        return previous
 
     # -- work -----------------------------------------------------------------------------
     def checkpoint(self) -> None:
@@ -214,11 +300,11 @@ class Trainer:
                   "world_size": self.world}
         rank_state = {"optimizer": self.opt.state_dict(), "rng": rng_state(),
                       "task": self.task.state_dict()}
-        save_checkpoint(self.run_dir, self.step, common, rank_state, self.rank, self.world,
+        save_checkpoint(self.run_dir, self.step, common, rank_state, self.comm,
                         self.cfg.run.keep_checkpoints)
 
     def evaluate(self) -> dict:
-        result = self.task.evaluate(self.cfg.run.eval_batches)
+        result = self.task.evaluate(self.cfg.run.eval_batches, self.comm)
         self.log.record({"kind": "eval", "step": self.step, "time": self.elapsed(), **result})
         shown = ", ".join(f"{k} {v:.4g}" for k, v in result.items())
         self.log.message(f"step {self.step}: {shown}")
@@ -237,19 +323,22 @@ class Trainer:
             while self.step < self.total_steps:
                 batch = next(batches, None)
                 if batch is None:                  # end of an epoch, the same step on all ranks
-                    if getattr(self.controller, "interval_steps", 0) is None:
-                        self.controller.end_interval()   # Accordion's default: one epoch
+                    if self.controller is not None:
+                        self.controller.on_epoch_end()   # Accordion's default interval
                     self.epoch, self.batch_in_epoch = self.epoch + 1, 0
                     batches = self.task.batches(self.epoch, 0)
                     continue
                 opt.zero_grad()
                 loss = self.task.loss(batch)
                 loss.backward()
-                if o.grad_clip is not None:
+                if o.grad_clip is not None and hasattr(opt, "synchronize"):
                     opt.synchronize()              # clip the averaged gradient, as Horovod advises
                     torch.nn.utils.clip_grad_norm_(self.model.parameters(), o.grad_clip)
                     with opt.skip_synchronize():
                         opt.step()
+                elif o.grad_clip is not None:      # DDP averaged during backward
+                    torch.nn.utils.clip_grad_norm_(self.model.parameters(), o.grad_clip)
+                    opt.step()
                 else:
                     opt.step()
                 lr = opt.param_groups[0]["lr"]
@@ -277,30 +366,24 @@ class Trainer:
             watchdog.stop()
 
     def _log_step(self, loss, lr: float, t_iter: float, samples_per_step: int) -> None:
-        stats = _step_stats(self.opt, self.dense_numel)
+        stats = _step_stats(self.opt, self.step - 1, self.dense_numel)
         step, elapsed = self.step, self.elapsed()
-        if stats["sent"] == "skipped":
+        if stats.skipped:
             self.log.record({"kind": "nonfinite", "step": step, "time": elapsed,
-                             "ranks": stats["nonfinite_ranks"]})
+                             "ranks": stats.nonfinite_ranks})
             self.log.message(f"step {step}: non-finite gradient on rank(s) "
-                             f"{stats['nonfinite_ranks']}; step skipped on every rank")
-        self.cum_floats += stats["floats_sent"]
-        self.cum_dense += stats["dense_floats"]
+                             f"{stats.nonfinite_ranks}; step skipped on every rank")
+        self.cum_floats += stats.floats_sent
+        self.cum_dense += stats.dense_floats
         if step % self.cfg.run.log_interval == 0 or step == 1 or step == self.total_steps:
             entry = {"kind": "step", "step": step, "epoch": self.epoch, "time": elapsed,
                      "loss": loss.item(), "lr": lr, "world_size": self.world,
-                     "cf": stats["cf"], "sent": stats["sent"],
-                     "theta_min": stats.get("theta_min"), "theta_c": stats.get("theta_c"),
-                     "gain_min": stats.get("gain_min"), "gain_c": stats.get("gain_c"),
-                     "delta_min": getattr(self.controller, "delta_min", None),
-                     "delta_c": getattr(self.controller, "delta_c", None),
-                     "floats_sent": stats["floats_sent"], "cum_floats_sent": self.cum_floats,
-                     "dense_floats": stats["dense_floats"], "cum_dense_floats": self.cum_dense,
-                     "t_compute": stats.get("t_compute"), "t_compress": stats.get("t_compress"),
-                     "t_comm": stats.get("t_comm"), "t_iter": t_iter,
-                     "samples_per_sec": samples_per_step / t_iter if t_iter > 0 else None}
+                     "cum_floats_sent": self.cum_floats, "cum_dense_floats": self.cum_dense,
+                     "t_iter": t_iter,
+                     "samples_per_sec": samples_per_step / t_iter if t_iter > 0 else None,
+                     **{name: getattr(stats, name) for name in LOGGED_STATS}}
             self.log.record(entry)
-            self.log.progress(step, loss=entry["loss"], cf=stats["cf"],
+            self.log.progress(step, loss=entry["loss"], cf=stats.cf,
                               samples_per_sec=entry["samples_per_sec"])
         controller = self.controller
         if controller is not None and len(controller.decisions) > self._decisions_logged:
@@ -326,10 +409,8 @@ class Trainer:
 
 def train(cfg: Config, resume: bool = False, dry_run: bool = False) -> dict:
     """Run (or with ``dry_run``, only build and describe) the configured training."""
-    import horovod.torch as hvd
-
-    hvd.init()
-    trainer = Trainer(cfg, elastic=cfg.run.elastic)
+    comm = init_comm(cfg.run.backend)
+    trainer = Trainer(cfg, comm, elastic=cfg.run.elastic)
     if dry_run:
         if trainer.rank == 0:
             print(dump_yaml(cfg), end="")
@@ -354,10 +435,8 @@ def _finish(cfg: Config, run_dir: Path, step: int, elapsed: float, final: dict) 
     print(f"metrics:     {run_dir / METRICS}")
     print(f"tensorboard: tensorboard --logdir {run_dir / 'tensorboard'}")
     if cfg.run.report:
-        try:
-            from ..report import build_report
-        except ImportError:
-            return
+        # Imported here, not at the top: the report needs matplotlib, training does not.
+        from ..report import build_report
         try:
             path = build_report([run_dir], out_dir=run_dir)
             print(f"report:      {path}")

@@ -7,7 +7,7 @@ perplexity). Both expose the same small surface, so the training loop does not c
     task.model, task.metric, task.steps_per_epoch
     task.batches(epoch, start_batch)    -> iterator of (inputs, targets) for this rank
     task.loss(batch)                    -> training loss (LM: carries the hidden state)
-    task.evaluate(max_batches)          -> {"loss": ..., "top1"/"perplexity": ...}; collective
+    task.evaluate(max_batches, comm)    -> {"loss": ..., "top1"/"perplexity": ...}; collective
     task.state_dict() / load_state_dict(state)
     task.reshard(rank, world_size, batch_in_epoch, from_world_size) -> the batch to go on from
 """
@@ -67,10 +67,8 @@ def _flip_labels(labels: torch.Tensor, fraction: float, num_classes: int,
     return noisy
 
 
-def _allreduce_sums(values: list[float], name: str) -> list[float]:
-    import horovod.torch as hvd
-
-    total = hvd.allreduce(torch.tensor(values, dtype=torch.float64), op=hvd.Sum, name=name)
+def _allreduce_sums(values: list[float], comm, name: str) -> list[float]:
+    total = comm.allreduce(torch.tensor(values, dtype=torch.float64), op="sum", name=name)
     return total.tolist()
 
 
@@ -154,8 +152,9 @@ class ImageTask:
         return F.cross_entropy(self.model(x), y)
 
     @torch.no_grad()
-    def evaluate(self, max_batches: int | None = None) -> dict:
-        """Top-1/top-5 accuracy and loss over the test set, sharded across ranks."""
+    def evaluate(self, max_batches: int | None, comm) -> dict:
+        """Top-1/top-5 accuracy and loss over the test set, sharded across ranks; the sums
+        travel over ``comm`` (a ``gravac.comm.Comm``)."""
         was_training = self.model.training
         self.model.eval()
         idx = torch.arange(self.rank, len(self.test_y), self.world_size)
@@ -176,7 +175,7 @@ class ImageTask:
             count += len(y)
         self.model.train(was_training)
         correct1, correct5, loss_sum, count = _allreduce_sums(
-            [correct1, correct5, loss_sum, count], "gravac.eval.image")
+            [correct1, correct5, loss_sum, count], comm, "gravac.eval.image")
         count = max(count, 1.0)
         return {"loss": loss_sum / count, "top1": correct1 / count, "top5": correct5 / count}
 
@@ -257,7 +256,7 @@ class LanguageTask:
         return F.cross_entropy(logits, targets)
 
     @torch.no_grad()
-    def evaluate(self, max_batches: int | None = None) -> dict:
+    def evaluate(self, max_batches: int | None, comm) -> dict:
         """Perplexity over the validation text, sharded across ranks."""
         was_training = self.model.training
         self.model.eval()
@@ -270,7 +269,7 @@ class LanguageTask:
             loss_sum += float(F.cross_entropy(logits, targets, reduction="sum"))
             count += targets.numel()
         self.model.train(was_training)
-        loss_sum, count = _allreduce_sums([loss_sum, count], "gravac.eval.lm")
+        loss_sum, count = _allreduce_sums([loss_sum, count], comm, "gravac.eval.lm")
         loss = loss_sum / max(count, 1.0)
         return {"loss": loss, "perplexity": math.exp(min(loss, 50.0))}
 

@@ -1,9 +1,56 @@
-"""Small models, per-rank data and reference computations shared by parallel tests."""
+"""The transport under test, small models, per-rank data and reference computations
+shared by parallel tests."""
 import copy
 from pathlib import Path
 
-import horovod.torch as hvd
 import torch
+
+import gravac.comm
+
+#: "horovod" under horovodrun, "torch" under torchrun: every test runs on both.
+BACKEND = gravac.comm.detect_backend()
+COMM = gravac.comm.init(BACKEND)
+torch.set_num_threads(1)
+
+
+def distributed_optimizer(optimizer, named_parameters, **kwargs):
+    """gravac's optimizer on this run's transport (the front end a user would call)."""
+    if BACKEND == "horovod":
+        import gravac
+        return gravac.DistributedOptimizer(optimizer, named_parameters, **kwargs)
+    import gravac.torch
+    return gravac.torch.DistributedOptimizer(optimizer, named_parameters, **kwargs)
+
+
+class PlainAllreduce:
+    """The dense reference a user would run, not gravac's code: Horovod's own
+    ``hvd.DistributedOptimizer``, or on torch.distributed an ``all_reduce`` sum of each
+    gradient divided by the number of ranks (what DDP computes)."""
+
+    def __init__(self, optimizer, model):
+        self.model = model
+        if BACKEND == "horovod":
+            import horovod.torch as hvd
+            self.opt = hvd.DistributedOptimizer(optimizer,
+                                                named_parameters=model.named_parameters())
+        else:
+            self.opt = optimizer
+
+    def zero_grad(self):
+        self.opt.zero_grad()
+
+    def step(self):
+        if BACKEND != "horovod":
+            import torch.distributed as dist
+            for p in self.model.parameters():
+                dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
+                p.grad.div_(COMM.size)
+        self.opt.step()
+
+
+def barrier(name):
+    """Both ranks got here (a test that asserts after its last collective ends with it)."""
+    COMM.barrier(name)
 
 
 class Net(torch.nn.Module):
@@ -35,7 +82,8 @@ def rank_batch(step, rank, batch=16, d_in=32, d_out=10):
 
 def gather_rows(t, name):
     """Every rank's copy of ``t`` stacked along a new first dimension."""
-    return hvd.allgather(t.detach().reshape(1, -1).clone(), name=name)
+    rows = COMM.allgather_object(t.detach().reshape(-1).clone(), name=name)
+    return torch.stack(rows)
 
 
 def clone_model(model):

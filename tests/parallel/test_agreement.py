@@ -2,19 +2,30 @@
 import pytest
 import torch
 
-import gravac
 from gravac.controllers import GraVAC, Static
 
-from helpers import make_net
+from helpers import COMM, distributed_optimizer, make_net, rank_batch
 
 
 def _opt(model, **kwargs):
-    return gravac.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+    return distributed_optimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                        model.named_parameters(), **kwargs)
 
 
-def test_same_setup_passes(rank):
-    _opt(make_net(), controller=GraVAC(window=10))
+def test_same_setup_passes_and_ranks_then_step_in_lockstep(rank):
+    model = make_net()
+    opt = _opt(model, controller=GraVAC(window=10))
+    descriptions = COMM.allgather_object(opt.describe_setup(), name="t.describe")
+    assert descriptions[0] == descriptions[1]
+    x, y = rank_batch(0, rank)
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    opt.step()
+    # Different data on each rank, the same averaged update: parameters stay identical.
+    params = COMM.allgather_object([p.detach().clone() for p in model.parameters()], name="t.p")
+    assert all(torch.equal(a, b) for a, b in zip(*params))
+    s = opt.last_stats
+    decided = COMM.allgather_object((s.sent, s.cf, s.theta_min, s.gain_min), name="t.decided")
+    assert decided[0] == decided[1] and s.theta_min == 10.0
 
 
 def test_different_cf_is_named_with_ranks(rank):

@@ -1,5 +1,4 @@
 """A NaN/Inf gradient on one rank: detected by every rank in the same step."""
-import horovod.torch as hvd
 import pytest
 import torch
 import torch.nn.functional as F
@@ -7,7 +6,7 @@ import torch.nn.functional as F
 import gravac
 from gravac.controllers import GraVAC, Static
 
-from helpers import gather_rows, make_net, rank_batch
+from helpers import barrier, distributed_optimizer, gather_rows, make_net, rank_batch
 
 
 def _run(opt, model, rank, steps, poison):
@@ -23,7 +22,7 @@ def _run(opt, model, rank, steps, poison):
         params = [p.detach().clone() for p in model.parameters()]
         residuals = {n: opt.memory[n].clone() for n in opt.memory.names()}
         opt.step()
-        snapshots.append((params, residuals, dict(opt.last_stats)))
+        snapshots.append((params, residuals, opt.last_stats))
     return snapshots
 
 
@@ -31,20 +30,20 @@ def _run(opt, model, rank, steps, poison):
                          ids=["static", "gravac"])
 def test_nan_on_one_rank_skips_the_step_everywhere_without_poisoning_residuals(controller, rank):
     model = make_net()
-    opt = gravac.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+    opt = distributed_optimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
                                       model.named_parameters(), controller=controller)
     poison = lambda s, r: float("nan") if (s, r) == (5, 1) else (float("inf") if (s, r) == (8, 0) else None)
     snaps = _run(opt, model, rank, 12, poison)
     for step, expected_ranks in ((5, [1]), (8, [0])):
         params_before, residuals_before, stats = snaps[step]
-        assert stats["sent"] == "skipped" and stats["nonfinite_ranks"] == expected_ranks
+        assert stats.sent == "skipped" and stats.nonfinite_ranks == expected_ranks
         params_after = snaps[step + 1][0]
         for before, after in zip(params_before, params_after):
             assert torch.equal(before, after), "a skipped step must not update parameters"
         for name, res in residuals_before.items():
             assert torch.equal(snaps[step + 1][1][name], res), "residuals must not change"
     assert [e["step"] for e in opt.skipped_steps] == [5, 8]
-    assert all(s[2]["sent"] != "skipped" for i, s in enumerate(snaps) if i not in (5, 8))
+    assert all(s[2].sent != "skipped" for i, s in enumerate(snaps) if i not in (5, 8))
     for p in model.parameters():
         assert bool(torch.isfinite(p).all())
     both = gather_rows(torch.cat([p.detach().reshape(-1) for p in model.parameters()]), "nf.params")
@@ -55,13 +54,13 @@ def test_nan_on_one_rank_skips_the_step_everywhere_without_poisoning_residuals(c
 
 def test_raise_mode_and_skip_budget_stop_every_rank(rank):
     model = make_net()
-    opt = gravac.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+    opt = distributed_optimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                       model.named_parameters(), nonfinite="raise")
     with pytest.raises(FloatingPointError, match=r"at step 2 on rank\(s\) 1; stopping: nonfinite='raise'"):
         _run(opt, model, rank, 4, lambda s, r: float("nan") if (s, r) == (2, 1) else None)
     model = make_net()
-    opt = gravac.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+    opt = distributed_optimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                       model.named_parameters(), max_consecutive_skips=2)
     with pytest.raises(FloatingPointError, match=r"3 consecutive steps skipped \(max_consecutive_skips=2\)"):
         _run(opt, model, rank, 6, lambda s, r: float("inf") if s >= 1 and r == 0 else None)
-    hvd.allreduce(torch.zeros(1), name="nf.done")   # both ranks got here
+    barrier("nf.done")   # both ranks got here

@@ -1,5 +1,4 @@
 """Static-CF sparse allgather across 2 ranks: exact against independent references."""
-import horovod.torch as hvd
 import pytest
 import torch
 import torch.nn.functional as F
@@ -8,7 +7,8 @@ import gravac
 from gravac.compressors import SelectContext, num_kept
 from gravac.controllers import Static
 
-from helpers import clone_model, gather_rows, make_net, rank_batch, topk_sent
+from helpers import (PlainAllreduce, clone_model, distributed_optimizer, gather_rows, make_net,
+                     rank_batch, topk_sent)
 
 
 def _loss(model, step, rank):
@@ -18,13 +18,13 @@ def _loss(model, step, rank):
 
 @pytest.mark.parametrize("kwargs", [{"controller": Static(cf=1)}, {"compressor": "none"}],
                          ids=["static-cf1", "none"])
-def test_dense_path_equals_horovod_bit_for_bit(kwargs, rank):
+def test_dense_path_equals_plain_allreduce_bit_for_bit(kwargs, rank):
     ref_model = make_net()
     our_model = clone_model(ref_model)
-    ref = hvd.DistributedOptimizer(
+    ref = PlainAllreduce(
         torch.optim.SGD(ref_model.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4),
-        named_parameters=ref_model.named_parameters())
-    ours = gravac.DistributedOptimizer(
+        ref_model)
+    ours = distributed_optimizer(
         torch.optim.SGD(our_model.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4),
         our_model.named_parameters(), **kwargs)
     for step in range(6):
@@ -32,16 +32,16 @@ def test_dense_path_equals_horovod_bit_for_bit(kwargs, rank):
             opt.zero_grad()
             _loss(model, step, rank).backward()
             opt.step()
-        assert ours.last_stats["cf"] == 1 and ours.last_stats["sent"] == "dense"
+        assert ours.last_stats.cf == 1 and ours.last_stats.sent == "dense"
     for (name, p), q in zip(ref_model.named_parameters(), our_model.parameters()):
-        assert torch.equal(p, q), f"{name} differs from hvd.DistributedOptimizer"
+        assert torch.equal(p, q), f"{name} differs from the plain averaged allreduce"
 
 
 @pytest.mark.parametrize("cf", [10, 100])
 def test_topk_update_is_rank_average_of_each_ranks_topk(cf, rank, size):
     model = make_net()
     lr = 0.5
-    opt = gravac.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=lr),
+    opt = distributed_optimizer(torch.optim.SGD(model.parameters(), lr=lr),
                                       model.named_parameters(), compressor="topk",
                                       controller=Static(cf=cf))
     compressed = ["fc1.weight", "fc2.weight"]
@@ -74,8 +74,8 @@ def test_topk_update_is_rank_average_of_each_ranks_topk(cf, rank, size):
             assert torch.allclose(params[n].grad.view(-1), rows.mean(0), rtol=0, atol=1e-7)
         expected_floats = sum(2 * num_kept(params[n].numel(), cf) for n in compressed) + \
             sum(p.numel() for n, p in params.items() if n not in compressed)
-        assert opt.last_stats["floats_sent"] == expected_floats
-        assert opt.last_stats["dense_floats"] == sum(p.numel() for p in params.values())
+        assert opt.last_stats.floats_sent == expected_floats
+        assert opt.last_stats.dense_floats == sum(p.numel() for p in params.values())
 
 
 @pytest.mark.parametrize("compressor,options", [
@@ -85,7 +85,7 @@ def test_topk_update_is_rank_average_of_each_ranks_topk(cf, rank, size):
 def test_every_compressor_sends_what_it_takes_from_residuals(compressor, options, rank, size):
     """applied gradient == rank-average of (g_ef - residual) for any sparsifier."""
     model = make_net()
-    opt = gravac.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+    opt = distributed_optimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                       model.named_parameters(), compressor=compressor,
                                       compressor_options=options, controller=Static(cf=20))
     params = dict(model.named_parameters())
@@ -116,7 +116,7 @@ def test_every_compressor_sends_what_it_takes_from_residuals(compressor, options
                 assert torch.equal(drawn[0], drawn[1]) == options["same_across_ranks"]
             prev[n] = res
         # Per-rank count of values sent within the compressor's documented bounds.
-        counts = gather_rows(torch.tensor([float(opt.last_stats["values_sent"])]), "test.count")
+        counts = gather_rows(torch.tensor([float(opt.last_stats.values_sent)]), "test.count")
         bounds = [comp.count_bounds(num_kept(params[n].numel(), 20), params[n].numel()) for n in names]
         low, high = sum(b[0] for b in bounds), sum(b[1] for b in bounds)
         assert all(low <= int(c) <= high for c in counts.view(-1)), (counts, low, high)
@@ -124,7 +124,7 @@ def test_every_compressor_sends_what_it_takes_from_residuals(compressor, options
 
 def _train(controller, steps, rank):
     model = make_net(seed=3)
-    opt = gravac.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+    opt = distributed_optimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
                                       model.named_parameters(), compressor="topk",
                                       controller=controller)
     teacher = make_net(seed=42)

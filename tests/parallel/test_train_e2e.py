@@ -2,12 +2,11 @@
 import json
 from pathlib import Path
 
-import horovod.torch as hvd
 import pytest
 import torch
 
 from gravac.train.loop import train
-from helpers import demo_config
+from helpers import COMM, barrier, demo_config
 
 
 def _cfg(out, name, *files, steps=40, extra=()):
@@ -72,9 +71,9 @@ def test_resume_gives_identical_parameters(files, extra, shared_tmp):
     for key, value in a["model"].items():
         assert torch.equal(value, b["model"][key]), key
     assert a["cum_floats"] == b["cum_floats"]
-    mine_a = torch.load(Path(shared_tmp) / f"straight/checkpoints/step_00000060/rank_{hvd.rank():05d}.pt",
+    mine_a = torch.load(Path(shared_tmp) / f"straight/checkpoints/step_00000060/rank_{COMM.rank:05d}.pt",
                         weights_only=False)
-    mine_b = torch.load(Path(shared_tmp) / f"resumed/checkpoints/step_00000060/rank_{hvd.rank():05d}.pt",
+    mine_b = torch.load(Path(shared_tmp) / f"resumed/checkpoints/step_00000060/rank_{COMM.rank:05d}.pt",
                         weights_only=False)
     for name, residual in mine_a["optimizer"]["gravac"]["memory"]["residuals"].items():
         assert torch.equal(residual, mine_b["optimizer"]["gravac"]["memory"]["residuals"][name])
@@ -106,7 +105,7 @@ def test_corrupt_latest_checkpoint_falls_back_to_the_previous_one(shared_tmp, ra
     if rank == 0:
         data = victim.read_bytes()
         victim.write_bytes(data[: len(data) // 3])          # a crash mid-write
-    hvd.allreduce(torch.zeros(1), name="corrupt.done")
+    barrier("corrupt.done")
     train(_cfg(shared_tmp, "broken", "static_topk_10x.yaml", steps=30, extra=extra), resume=True)
     out = capsys.readouterr().out
     if rank == 0:

@@ -81,3 +81,23 @@ def test_flush_into_equals_compensate_copy_update_and_skips_zero_residuals():
     assert torch.equal(g, torch.ones(3)) and torch.equal(fresh["new"], torch.zeros(3))
     g_ef = fresh.compensate("new", g)                   # and error feedback works after it
     assert torch.equal(g_ef, torch.ones(3))
+
+
+def test_loaded_residuals_follow_their_parameters_device_and_dtype():
+    # A checkpoint read with map_location="cpu" must resume on the parameter's device (a GPU
+    # in production; the meta device stands in for it here) and precision.
+    saved = ResidualMemory()
+    saved.compensate("w", torch.arange(6, dtype=torch.float32))
+    state = saved.state_dict()
+    on_meta = ResidualMemory()
+    on_meta.load_state_dict(state, like={"w": torch.empty(2, 3, device="meta")})
+    assert on_meta["w"].device.type == "meta" and on_meta["w"].shape == (6,)
+    doubled = ResidualMemory()
+    doubled.load_state_dict(state, like={"w": torch.zeros(6, dtype=torch.float64)})
+    assert doubled["w"].dtype == torch.float64
+    assert torch.equal(doubled["w"], torch.arange(6, dtype=torch.float64))
+    halved = ResidualMemory()
+    halved.load_state_dict(state, like={"w": torch.zeros(6, dtype=torch.bfloat16)})
+    assert halved["w"].dtype == torch.float32           # fp16/bf16 residuals stay fp32
+    with pytest.raises(ValueError, match="shape"):
+        ResidualMemory().load_state_dict(state, like={"w": torch.zeros(7)})

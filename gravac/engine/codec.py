@@ -1,10 +1,10 @@
 """Transport format of one step's sparse layers: one uint8 buffer per rank.
 
-Horovod's ``Compression`` classes map one tensor to one tensor for an allreduce. Sparse
-layers need an allgather instead, and one collective for all layers rather than one per
-layer, so ``SparseCompression.compress`` takes every sparse layer of the step and packs
-them into a single byte buffer; ``decompress`` takes the concatenation of all ranks'
-buffers (what ``hvd.allgather`` returns) and gives the aggregated dense gradients.
+Sparse layers travel by an allgather, and in one collective for all layers rather than
+one per layer, so ``SparseCodec.pack`` takes every sparse layer of the step and packs
+them into a single byte buffer; ``aggregate`` takes the concatenation of all ranks'
+buffers (what ``Comm.allgather_bytes`` returns) and gives the averaged dense gradients.
+Plain tensor code: no transport is imported here.
 
 Chunk layout (one per rank; every section starts at a multiple of 8 bytes)::
 
@@ -21,7 +21,6 @@ from __future__ import annotations
 from typing import NamedTuple, Sequence
 
 import torch
-from horovod.torch.compression import Compressor as HorovodCompressor
 
 MAGIC = 0x6772617661630001  # "gravac" + format version 1
 _WIRE_DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
@@ -51,15 +50,15 @@ def _as_bytes(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().view(-1).view(torch.uint8)
 
 
-class SparseCompression(HorovodCompressor):
+class SparseCodec:
     """Packs (values, indices) of all sparse layers of a step into one uint8 buffer.
 
     Example::
 
-        codec = SparseCompression(layers)                   # layers: [SparseLayer, ...]
-        buffer, ctx = codec.compress([(values, indices), ...])
-        gathered = hvd.allgather(buffer, name="gravac.sparse")
-        flat = codec.decompress(gathered, ctx, world_size=hvd.size())
+        codec = SparseCodec(layers)                        # layers: [SparseLayer, ...]
+        buffer, ctx = codec.pack([(values, indices), ...])
+        gathered = comm.allgather_bytes(buffer, name="gravac.sparse")
+        flat = codec.aggregate(gathered, ctx, world_size=comm.size)
         grads = codec.split(flat, ctx)                     # one flat dense tensor per layer
     """
 
@@ -80,7 +79,7 @@ class SparseCompression(HorovodCompressor):
         self._offsets_tensor = torch.tensor(offsets[:-1], dtype=torch.int64, device=self.device)
 
     # -- packing ------------------------------------------------------------------------
-    def compress(self, selections: Sequence[tuple[torch.Tensor, torch.Tensor]]):
+    def pack(self, selections: Sequence[tuple[torch.Tensor, torch.Tensor]]):
         """Pack one (values, indices) pair per layer (in ``self.layers`` order)."""
         if len(selections) != len(self.layers):
             raise ValueError(f"expected {len(self.layers)} (values, indices) pairs, got {len(selections)}")
@@ -131,7 +130,7 @@ class SparseCompression(HorovodCompressor):
             yield counts, values, indices
             pos += chunk_bytes
 
-    def decompress(self, gathered: torch.Tensor, ctx: PackContext, world_size: int,
+    def aggregate(self, gathered: torch.Tensor, ctx: PackContext, world_size: int,
                    accumulate_dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """Sum every rank's values into one flat buffer over all layers, divide by ranks.
 

@@ -1,9 +1,8 @@
-"""SparseCompression: pack every sparse layer into one buffer, unpack all ranks', aggregate."""
+"""SparseCodec: pack every sparse layer into one buffer, unpack all ranks', aggregate."""
 import pytest
 import torch
-from horovod.torch.compression import Compressor as HorovodCompressor
 
-from gravac.hvd.compression import SparseCompression, SparseLayer
+from gravac.engine.codec import SparseCodec, SparseLayer
 
 
 def _layers(dtype=torch.float32):
@@ -22,19 +21,18 @@ def _dense(layers, selections):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_roundtrip_two_ranks_with_duplicates_and_empty_layers(dtype):
     layers = _layers(dtype)
-    codec = SparseCompression(layers)
-    assert isinstance(codec, HorovodCompressor)
+    codec = SparseCodec(layers)
     rank0 = [(torch.tensor([1.0, -2.0], dtype=dtype), torch.tensor([3, 7])),
              (torch.tensor([], dtype=dtype), torch.tensor([], dtype=torch.int64)),
              (torch.tensor([0.5], dtype=dtype), torch.tensor([999]))]
     rank1 = [(torch.tensor([4.0], dtype=dtype), torch.tensor([3])),          # same index as rank 0
              (torch.tensor([1.0, 2.0, 3.0], dtype=dtype), torch.tensor([0, 1, 2])),
              (torch.tensor([], dtype=dtype), torch.tensor([], dtype=torch.int64))]
-    b0, ctx = codec.compress(rank0)
-    b1, _ = codec.compress(rank1)
+    b0, ctx = codec.pack(rank0)
+    b1, _ = codec.pack(rank1)
     assert b0.dtype == torch.uint8 and b0.numel() % 8 == 0
     gathered = torch.cat([b0, b1])          # what hvd.allgather returns
-    flat = codec.decompress(gathered, ctx, world_size=2)
+    flat = codec.aggregate(gathered, ctx, world_size=2)
     parts = codec.split(flat, ctx)
     expected = [(x + y) / 2 for x, y in zip(_dense(layers, rank0), _dense(layers, rank1))]
     for got, want in zip(parts, expected):
@@ -44,40 +42,40 @@ def test_roundtrip_two_ranks_with_duplicates_and_empty_layers(dtype):
 
 def test_rank_with_nothing_to_send_and_chunk_count_check():
     layers = _layers()
-    codec = SparseCompression(layers)
+    codec = SparseCodec(layers)
     empty = [(torch.tensor([]), torch.tensor([], dtype=torch.int64))] * 3
     full = [(torch.ones(2), torch.tensor([0, 1])), (torch.ones(1), torch.tensor([2])),
             (torch.ones(1), torch.tensor([5]))]
-    b0, ctx = codec.compress(empty)
-    b1, _ = codec.compress(full)
-    flat = codec.decompress(torch.cat([b0, b1]), ctx, world_size=2)
+    b0, ctx = codec.pack(empty)
+    b1, _ = codec.pack(full)
+    flat = codec.aggregate(torch.cat([b0, b1]), ctx, world_size=2)
     assert float(flat.sum()) == pytest.approx(2.0)
     with pytest.raises(RuntimeError, match="2 chunks for 3 ranks"):
-        codec.decompress(torch.cat([b0, b1]), ctx, world_size=3)
+        codec.aggregate(torch.cat([b0, b1]), ctx, world_size=3)
 
 
 def test_mismatched_layer_sets_are_detected():
-    a = SparseCompression(_layers())
-    b = SparseCompression(_layers()[:2])
-    buf_b, _ = b.compress([(torch.ones(1), torch.tensor([0]))] * 2)
-    buf_a, ctx = a.compress([(torch.ones(1), torch.tensor([0]))] * 3)
+    a = SparseCodec(_layers())
+    b = SparseCodec(_layers()[:2])
+    buf_b, _ = b.pack([(torch.ones(1), torch.tensor([0]))] * 2)
+    buf_a, ctx = a.pack([(torch.ones(1), torch.tensor([0]))] * 3)
     with pytest.raises(RuntimeError, match="different layer sets"):
-        a.decompress(torch.cat([buf_a, buf_b]), ctx, world_size=2)
+        a.aggregate(torch.cat([buf_a, buf_b]), ctx, world_size=2)
 
 
 def test_mixed_dtypes_travel_as_float32_and_large_indices():
     layers = [SparseLayer("h", 100, torch.float16), SparseLayer("f", 100, torch.float32)]
-    codec = SparseCompression(layers)
+    codec = SparseCodec(layers)
     assert codec.wire_dtype == torch.float32 and codec.index_dtype == torch.int32
-    buf, ctx = codec.compress([(torch.tensor([1.5], dtype=torch.float16), torch.tensor([99])),
+    buf, ctx = codec.pack([(torch.tensor([1.5], dtype=torch.float16), torch.tensor([99])),
                                (torch.tensor([2.5]), torch.tensor([0]))])
-    flat = codec.decompress(buf, ctx, world_size=1)
+    flat = codec.aggregate(buf, ctx, world_size=1)
     assert float(flat[99]) == 1.5 and float(flat[100]) == 2.5
-    big = SparseCompression([SparseLayer("e", 2**31, torch.float32)], device="meta")
+    big = SparseCodec([SparseLayer("e", 2**31, torch.float32)], device="meta")
     assert big.index_dtype == torch.int64
 
 
 def test_wrong_number_of_selections():
-    codec = SparseCompression(_layers())
+    codec = SparseCodec(_layers())
     with pytest.raises(ValueError, match="expected 3"):
-        codec.compress([(torch.ones(1), torch.tensor([0]))])
+        codec.pack([(torch.ones(1), torch.tensor([0]))])

@@ -9,7 +9,7 @@ first step.
 
 Example::
 
-    check_agreement({"controller": {"cf": 100.0}, ...}, process_set)
+    check_agreement({"controller": {"cf": 100.0}, ...}, comm)
     # ValueError: ranks disagree on the gravac set-up: controller.cf: rank 0 has 100.0,
     #             rank 1 has 10.0 ...
 """
@@ -18,21 +18,22 @@ from __future__ import annotations
 import hashlib
 import json
 
-import horovod.torch as hvd
 import torch
+
+from ..comm import Comm
+from ..comm.base import _one_hot
 
 
 def _encode(obj) -> bytes:
     return json.dumps(obj, sort_keys=True, default=str).encode("utf-8")
 
 
-def _gather_bytes(data: bytes, process_set, name: str) -> list[bytes]:
-    """Every rank's ``data`` (allgather with per-rank sizes; two collectives)."""
+def _gather_bytes(data: bytes, comm: Comm, name: str) -> list[bytes]:
+    """Every rank's ``data`` (the byte allgather with per-rank sizes)."""
     mine = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.zeros(0, dtype=torch.uint8)
-    sizes = hvd.allgather(torch.tensor([len(data)], dtype=torch.int64), name=f"{name}.sizes",
-                          process_set=process_set).tolist()
-    # allgather rejects 0-d tensors but takes an empty first dimension.
-    flat = hvd.allgather(mine.reshape(-1), name=f"{name}.data", process_set=process_set)
+    sizes = [int(n) for n in comm.allreduce(_one_hot(len(data), comm), op="sum",
+                                            name=f"{name}.sizes").tolist()]
+    flat = comm.allgather_bytes(mine, name=f"{name}.data")
     out, pos = [], 0
     for size in sizes:
         out.append(bytes(flat[pos:pos + size].tolist()))
@@ -83,17 +84,16 @@ def describe_differences(descriptions: list[dict], limit: int = 8) -> list[str]:
     return lines
 
 
-def check_agreement(description: dict, process_set=None, name: str = "gravac.agree") -> None:
+def check_agreement(description: dict, comm: Comm, name: str = "gravac.agree") -> None:
     """Collective: raise ValueError on every rank unless all ranks' descriptions match."""
-    process_set = process_set or hvd.global_process_set
-    if process_set.size() == 1:
+    if comm.size == 1:
         return
     payload = _encode(description)
     digest = torch.frombuffer(bytearray(hashlib.sha256(payload).digest()), dtype=torch.uint8)
-    digests = hvd.allgather(digest, name=f"{name}.hash", process_set=process_set)
+    digests = comm.allgather_bytes(digest, name=f"{name}.hash")
     if bool((digests.view(-1, 32) == digest).all()):
         return
-    everyone = [json.loads(b) for b in _gather_bytes(payload, process_set, name)]
+    everyone = [json.loads(b) for b in _gather_bytes(payload, comm, name)]
     lines = describe_differences(everyone)
     raise ValueError("ranks disagree on the gravac set-up (every rank must build the same model, "
                      "compressor and controller):\n  " + "\n  ".join(lines))

@@ -1,0 +1,78 @@
+"""Transports: the ``Comm`` interface and its Horovod, torch.distributed and local forms.
+
+``init(backend)`` starts the chosen one and returns the world's ``Comm``:
+
+* ``"horovod"``: ``hvd.init()`` (under ``horovodrun``);
+* ``"torch"``: ``torch.distributed.init_process_group`` with nccl when this process has a
+  GPU, else gloo (under ``torchrun``, which sets the rendezvous environment);
+* ``"local"``: one process, no launcher;
+* ``"auto"``: what launched this process (``detect_backend``).
+
+Example::
+
+    comm = gravac.comm.init("auto")
+    print(comm.backend, comm.rank, comm.size)
+"""
+from __future__ import annotations
+
+import os
+from typing import Mapping
+
+from .base import OPS, Comm, Done, Handle
+from .local import LocalComm
+
+BACKENDS = ("auto", "horovod", "torch", "local")
+
+
+def detect_backend(environ: Mapping[str, str] | None = None) -> str:
+    """The launcher of this process: ``"torch"`` under torchrun, ``"horovod"`` under
+    horovodrun (or any process that can import Horovod), ``"local"`` otherwise.
+
+    >>> detect_backend({"TORCHELASTIC_RUN_ID": "x", "LOCAL_RANK": "0", "WORLD_SIZE": "2"})
+    'torch'
+    >>> detect_backend({"HOROVOD_RANK": "1"})
+    'horovod'
+    """
+    env = os.environ if environ is None else environ
+    if "HOROVOD_RANK" in env or "OMPI_COMM_WORLD_RANK" in env:
+        return "horovod"
+    if "TORCHELASTIC_RUN_ID" in env or ("LOCAL_RANK" in env and "WORLD_SIZE" in env):
+        return "torch"
+    try:
+        import horovod.torch  # noqa: F401
+    except ImportError:
+        return "local"
+    return "horovod"
+
+
+def init(backend: str = "auto") -> Comm:
+    """Start ``backend`` (see the module docstring) and return the world's ``Comm``."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    if backend == "auto":
+        backend = detect_backend()
+    if backend == "local":
+        return LocalComm()
+    if backend == "horovod":
+        import horovod.torch as hvd
+
+        from .horovod import HorovodComm
+        hvd.init()
+        return HorovodComm()
+    import torch
+    import torch.distributed as dist
+
+    from .torchdist import TorchDistComm
+    if not dist.is_initialized():
+        if "MASTER_ADDR" not in os.environ and "TORCHELASTIC_RUN_ID" not in os.environ:
+            raise RuntimeError("backend 'torch' needs a torchrun launch (torchrun "
+                               "--nproc-per-node N ...) or MASTER_ADDR/MASTER_PORT/RANK/"
+                               "WORLD_SIZE in the environment")
+        gpu = torch.cuda.is_available()
+        if gpu:
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        dist.init_process_group("nccl" if gpu else "gloo")
+    return TorchDistComm()
+
+
+__all__ = ["BACKENDS", "OPS", "Comm", "Done", "Handle", "LocalComm", "detect_backend", "init"]

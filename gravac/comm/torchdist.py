@@ -1,0 +1,172 @@
+"""``Comm`` on torch.distributed (gloo on CPU, nccl on GPU), as launched by torchrun.
+
+torch.distributed names no collectives: their order is the contract, and gravac issues
+the same collectives in the same order on every rank. Gloo has no average: ``"average"``
+is a sum divided by the group size afterwards, as DDP does. NCCL reduces only GPU tensors:
+CPU tensors (gains, flags) make a round trip to the current CUDA device.
+
+Example::
+
+    torch.distributed.init_process_group("gloo")      # torchrun set the rendezvous env
+    comm = TorchDistComm()
+    comm.allgather_bytes(buffer, name="gravac.sparse")   # all ranks' buffers, rank order
+"""
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any, Sequence
+
+import torch
+import torch.distributed as dist
+
+from .base import Comm, Done, Handle, check_op, check_ranks
+
+
+class _Work(Handle):
+    def __init__(self, work, finish):
+        self._work, self._finish = work, finish
+
+    def wait(self):
+        if self._work is not None:
+            self._work.wait()
+        return self._finish()
+
+
+class TorchDistComm(Comm):
+    """A torch.distributed process group (default: the world) as a ``Comm``."""
+
+    backend = "torch"
+
+    def __init__(self, group=None, local_rank: int | None = None, local_size: int | None = None):
+        if not dist.is_available() or not dist.is_initialized():
+            raise RuntimeError("torch.distributed is not initialised: launch with torchrun and "
+                               "call torch.distributed.init_process_group (or gravac.comm.init"
+                               "('torch')) first")
+        self.group = group
+        self._rank = dist.get_rank(group)
+        self._size = dist.get_world_size(group)
+        if local_rank is None:
+            # torchrun tells each process its place on the host.
+            local_rank = int(os.environ.get("LOCAL_RANK", self._rank))
+            local_size = int(os.environ.get("LOCAL_WORLD_SIZE", self._size))
+        self._local_rank, self._local_size = local_rank, local_size
+        self._nccl = dist.get_backend(group) == "nccl"
+        self._wire_device = (torch.device("cuda", torch.cuda.current_device()) if self._nccl
+                             else torch.device("cpu"))
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    @property
+    def local_rank(self) -> int:
+        return self._local_rank
+
+    @property
+    def local_size(self) -> int:
+        return self._local_size
+
+    def _global(self, rank: int) -> int:
+        return rank if self.group is None else dist.get_global_rank(self.group, rank)
+
+    def _on_wire(self, t: torch.Tensor) -> torch.Tensor:
+        return t if t.device == self._wire_device or not self._nccl else t.to(self._wire_device)
+
+    # -- tensors ---------------------------------------------------------------------------
+    def allreduce_async(self, tensor, op, name) -> Handle:
+        check_op(op)
+        wire = self._on_wire(tensor).clone()
+        work = dist.all_reduce(wire, op=dist.ReduceOp.SUM, group=self.group, async_op=True)
+
+        def finish():
+            if op == "average":
+                wire.div_(self._size)
+            return wire.to(tensor.device)
+        return _Work(work, finish)
+
+    def grouped_allreduce_async_(self, tensors: Sequence[torch.Tensor], op, name) -> Handle:
+        check_op(op)
+        tensors = list(tensors)
+        if not tensors:
+            return Done(tensors)
+        dtypes = {t.dtype for t in tensors}
+        if len(dtypes) != 1:
+            raise ValueError(f"a grouped allreduce takes one dtype, got {sorted(map(str, dtypes))}")
+        # One fused buffer, one collective: as DDP's buckets and Horovod's fusion buffer.
+        flat = self._on_wire(torch.cat([t.reshape(-1) for t in tensors]))
+        work = dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.group, async_op=True)
+
+        def finish():
+            if op == "average":
+                flat.div_(self._size)
+            pos = 0
+            for t in tensors:
+                n = t.numel()
+                t.view(-1).copy_(flat[pos:pos + n])
+                pos += n
+            return tensors
+        return _Work(work, finish)
+
+    def allgather_bytes_async(self, buffer, name) -> Handle:
+        if buffer.dtype != torch.uint8 or buffer.dim() != 1:
+            raise ValueError("allgather_bytes takes a 1-D uint8 tensor")
+        # Collectives need one size everywhere: exchange sizes, pad to the largest.
+        mine = torch.tensor([buffer.numel()], dtype=torch.int64, device=self._wire_device)
+        sizes = [torch.zeros_like(mine) for _ in range(self._size)]
+        dist.all_gather(sizes, mine, group=self.group)
+        sizes = [int(s.item()) for s in sizes]
+        longest = max(sizes)
+        if longest == 0:
+            return Done(torch.zeros(0, dtype=torch.uint8, device=buffer.device))
+        padded = torch.zeros(longest, dtype=torch.uint8, device=self._wire_device)
+        padded[:buffer.numel()].copy_(buffer)
+        rows = torch.empty(self._size, longest, dtype=torch.uint8, device=self._wire_device)
+        work = dist.all_gather_into_tensor(rows, padded, group=self.group, async_op=True) \
+            if self._nccl else dist.all_gather(list(rows.unbind(0)), padded, group=self.group,
+                                               async_op=True)
+
+        def finish():
+            parts = [rows[r, :sizes[r]] for r in range(self._size)]
+            return torch.cat(parts).to(buffer.device)
+        return _Work(work, finish)
+
+    def broadcast_(self, tensor, root, name) -> None:
+        check_ranks([root], self._size)
+        wire = self._on_wire(tensor)
+        dist.broadcast(wire, src=self._global(root), group=self.group)
+        if wire is not tensor:
+            tensor.copy_(wire)
+
+    # -- Python objects --------------------------------------------------------------------
+    def broadcast_object(self, obj: Any, name: str, root: int = 0) -> Any:
+        check_ranks([root], self._size)
+        box = [obj if self._rank == root else None]
+        dist.broadcast_object_list(box, src=self._global(root), group=self.group)
+        return box[0]
+
+    def allgather_object(self, obj: Any, name: str) -> list:
+        out: list = [None] * self._size
+        dist.all_gather_object(out, obj, group=self.group)
+        return out
+
+    def barrier(self, name: str) -> None:
+        dist.barrier(group=self.group)
+
+    # -- groups ----------------------------------------------------------------------------
+    def subgroup(self, ranks: Sequence[int], name: str) -> "TorchDistComm | None":
+        if self.group is not None:
+            raise ValueError("torch.distributed sub-groups are made from the world group only "
+                             "(new_group must run on every process of the job)")
+        ranks = check_ranks(ranks, self._size)
+        hosts = self.allgather_object(socket.gethostname(), name=f"{name}.hosts")
+        group = dist.new_group(ranks=ranks)
+        if self._rank not in ranks:
+            return None
+        same_host = [r for r in sorted(ranks) if hosts[r] == hosts[self._rank]]
+        return TorchDistComm(group, local_rank=same_host.index(self._rank),
+                             local_size=len(same_host))

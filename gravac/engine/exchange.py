@@ -1,0 +1,112 @@
+"""Exchanges: how a step's selected values and dense layers travel between ranks.
+
+An exchange gets, per step, the sparse payload (per layer: values and flat indices this
+rank sends) and the layers that go dense, starts the collectives, and on ``finish()``
+writes the averaged gradients into the parameters' ``.grad``. It issues a constant number
+of collectives per step, whatever the number of layers, in the same order on every rank.
+
+``AllgatherExchange`` (the paper's, and today's only one): ONE allgather of all sparse
+layers packed into one byte buffer (``SparseCodec``), ONE grouped allreduce per dense
+dtype. Other exchanges (hierarchical, shared index sets, low-rank allreduce) plug in here.
+
+Example::
+
+    exchange = AllgatherExchange(comm, prefix="gravac")
+    pending = exchange.start(sparse=[(layer, values, indices), ...], dense=[layer, ...])
+    traffic = pending.finish()          # grads written; bytes this rank sent
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from ..comm import Comm
+from ..memory import ResidualMemory
+from .codec import SparseCodec, SparseLayer
+from .layers import Layer
+
+#: How dense layers travel: as they are, or cast to fp16 (Horovod's Compression.fp16).
+DENSE_WIRE = ("native", "fp16")
+
+
+class PendingExchange:
+    """Collectives in flight; ``finish()`` waits and writes the averaged gradients."""
+
+    def __init__(self, exchange, sparse_layers, codec, ctx, gather, reductions, nbytes):
+        self._exchange = exchange
+        self._sparse_layers, self._codec, self._ctx = sparse_layers, codec, ctx
+        self._gather, self._reductions = gather, reductions
+        self.bytes_sent = nbytes
+
+    def wait_dense(self) -> None:
+        """Wait for the dense reductions and write them back (the communication phase)."""
+        gathered = self._gather.wait() if self._gather is not None else None
+        for handle, layers, wire in self._reductions:
+            handle.wait()
+            for layer, averaged in zip(layers, wire):
+                if averaged is not layer.param.grad:
+                    layer.param.grad.copy_(averaged)
+        self._gathered = gathered
+
+    def unpack(self) -> None:
+        """Aggregate the gathered sparse values into the sparse layers' gradients."""
+        if self._gathered is None:
+            return
+        flat = self._codec.aggregate(self._gathered, self._ctx, world_size=self._exchange.comm.size)
+        for layer, part in zip(self._sparse_layers, self._codec.split(flat, self._ctx)):
+            layer.param.grad.view(-1).copy_(part)
+
+
+class AllgatherExchange:
+    """Sparse layers by one fused allgather, dense layers by grouped allreduces (average)."""
+
+    def __init__(self, comm: Comm, prefix: str = "gravac", dense_wire: str = "native"):
+        if dense_wire not in DENSE_WIRE:
+            raise ValueError(f"dense_wire must be one of {', '.join(DENSE_WIRE)}, got {dense_wire!r}")
+        self.comm, self.prefix, self.dense_wire = comm, prefix, dense_wire
+        self._codecs: dict[tuple[str, ...], SparseCodec] = {}
+
+    def _codec(self, layers: Sequence[Layer]) -> SparseCodec:
+        key = tuple(l.name for l in layers)
+        codec = self._codecs.get(key)
+        if codec is None:
+            specs = [SparseLayer(l.name, l.numel, ResidualMemory.dtype_for(l.param.grad.dtype))
+                     for l in layers]
+            codec = SparseCodec(specs, device=layers[0].param.device)
+            self._codecs[key] = codec
+        return codec
+
+    def pack(self, sparse: Sequence[tuple[Layer, torch.Tensor, torch.Tensor]]):
+        """The byte buffer of this rank's sparse values (None when nothing is sparse)."""
+        if not sparse:
+            return None
+        codec = self._codec([layer for layer, _, _ in sparse])
+        buffer, ctx = codec.pack([(values, indices) for _, values, indices in sparse])
+        return [layer for layer, _, _ in sparse], codec, ctx, buffer
+
+    def start(self, packed, dense: Sequence[Layer]) -> PendingExchange:
+        """Start the allgather of ``packed`` (from ``pack``) and the dense reductions."""
+        gather = sparse_layers = codec = ctx = None
+        nbytes = 0
+        if packed is not None:
+            sparse_layers, codec, ctx, buffer = packed
+            gather = self.comm.allgather_bytes_async(buffer, name=f"{self.prefix}.sparse")
+            nbytes += buffer.numel()
+        reductions = []
+        # One grouped allreduce per dtype (fp32 and fp64 cannot share a fused buffer), in a
+        # fixed order so that every rank issues the same ones.
+        by_dtype: dict[torch.dtype, list[Layer]] = {}
+        for layer in sorted(dense, key=lambda l: l.index):
+            by_dtype.setdefault(layer.param.grad.dtype, []).append(layer)
+        for dtype in sorted(by_dtype, key=str):
+            layers = by_dtype[dtype]
+            if self.dense_wire == "fp16" and dtype.is_floating_point:
+                wire = [l.param.grad.to(torch.float16) for l in layers]
+            else:
+                wire = [l.param.grad for l in layers]
+            name = f"{self.prefix}.dense" + ("" if len(by_dtype) == 1 else f".{dtype}")
+            handle = self.comm.grouped_allreduce_async_(wire, op="average", name=name)
+            reductions.append((handle, layers, wire))
+            nbytes += sum(w.numel() * w.element_size() for w in wire)
+        return PendingExchange(self, sparse_layers, codec, ctx, gather, reductions, nbytes)

@@ -1,0 +1,253 @@
+"""The distributed optimizer over any ``Comm``: what both front ends return.
+
+``wrap_optimizer(optimizer, named_parameters, comm, ...)`` returns an instance of a
+subclass of the wrapped optimizer's class (as ``hvd.DistributedOptimizer`` does) whose
+``step()`` first averages the gradients across ranks through a ``StepEngine``. The front
+ends ``gravac.DistributedOptimizer`` (Horovod) and ``gravac.torch.DistributedOptimizer``
+(torch.distributed) only build the ``Comm`` and call this.
+
+Example::
+
+    comm = gravac.comm.init("local")
+    opt = wrap_optimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                         model.named_parameters(), comm, controller=Static(cf=100))
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
+
+from .. import compressors as _compressors
+from ..comm import Comm
+from ..controllers import Controller, Static
+from .exchange import DENSE_WIRE
+from .layers import build_layers
+from .record import StepStats
+from .step import StepEngine
+
+STATE_KEY = "gravac"
+STATE_FORMAT = 1
+
+
+class DistributedOptimizerMixin:
+    """Placed before the user's optimizer class: ``step()`` synchronises first.
+
+    Attributes after each step: ``last_stats`` (a ``StepStats``), ``memory`` (residuals),
+    ``controller``, ``compressor``, ``comm``, ``skipped_steps``.
+    """
+
+    def __init__(self, params, named_parameters, compressor, controller, comm: Comm,
+                 min_compress_numel, batch_size, name_prefix, nonfinite,
+                 max_consecutive_skips, defer_agreement, dense_wire):
+        super().__init__(params)
+        if isinstance(min_compress_numel, bool) or not isinstance(min_compress_numel, int) \
+                or min_compress_numel < 1:
+            raise ValueError(f"min_compress_numel must be an int >= 1, got {min_compress_numel!r}")
+        if batch_size is not None and not (isinstance(batch_size, int) and batch_size > 0):
+            raise ValueError(f"batch_size must be a positive int (samples per rank per step) "
+                             f"or None, got {batch_size!r}")
+        self.min_compress_numel = min_compress_numel
+        self.batch_size = batch_size
+        self._prefix = name_prefix
+        layers = build_layers(self.param_groups, named_parameters, min_compress_numel, compressor)
+        self._engine = StepEngine(layers, compressor, controller, comm, name_prefix, nonfinite,
+                                  max_consecutive_skips, dense_wire)
+        self._agreed = False
+        if not defer_agreement:
+            self._agree()
+        self.last_stats: StepStats | None = None
+        self._gravac_step = 0
+        self._last_step_end: float | None = None
+        self._lrs = self._current_lrs()
+        self._synchronized = False
+        self._should_synchronize = True
+
+    # -- what the engine owns, for users and the trainer -----------------------------------
+    compressor = property(lambda self: self._engine.compressor)
+    controller = property(lambda self: self._engine.controller)
+    memory = property(lambda self: self._engine.memory)
+    comm = property(lambda self: self._engine.comm)
+    skipped_steps = property(lambda self: self._engine.skipped_steps)
+    nonfinite = property(lambda self: self._engine.nonfinite)
+    max_consecutive_skips = property(lambda self: self._engine.max_consecutive_skips)
+
+    @property
+    def layer_names(self) -> list[str]:
+        """Names of the parameters this optimizer communicates, in collective order."""
+        return [l.name for l in self._engine.layers]
+
+    @property
+    def compressed_layer_names(self) -> list[str]:
+        return self._engine.compressed_layer_names
+
+    @property
+    def step_count(self) -> int:
+        """Optimizer steps taken (skipped ones included); the controller's step clock."""
+        return self._gravac_step
+
+    def describe_setup(self) -> dict:
+        """What every rank must agree on: compressor, controller, parameters, options."""
+        e = self._engine
+        return {
+            "compressor": e.compressor.describe(),
+            "controller": e.controller.describe(),
+            "min_compress_numel": self.min_compress_numel,
+            "name_prefix": self._prefix,
+            "nonfinite": e.nonfinite,
+            "max_consecutive_skips": e.max_consecutive_skips,
+            "dense_wire": e.exchange.dense_wire,
+            "parameters": [f"{l.name} {tuple(l.param.shape)} {l.param.dtype}"
+                           f"{' compressed' if l.compressible else ''}" for l in e.layers],
+        }
+
+    def _agree(self) -> None:
+        # Before anything else: ranks with different set-ups would issue different
+        # collectives (a hang) or mix unrelated tensors. Raises on every rank alike.
+        self._engine.agree(self.describe_setup())
+        self._agreed = True
+
+    def reset_world(self, comm: Comm) -> None:
+        """Re-attach to a new set of ranks (an elastic reset). Collective.
+
+        Call it on every rank once the transport is up again and the training state is
+        in sync: the set-up agreement runs again (a joining rank may have been built
+        differently), the controller keeps what it learned but sees the new ranks, and
+        step timing restarts. Residuals are left alone: each process keeps its own (a new
+        process starts with none); the elastic trainer restores or clears them.
+        """
+        self._engine.rebind(comm)
+        self._agree()
+        self._last_step_end = None
+        self._synchronized = False
+        self._should_synchronize = True
+
+    @contextmanager
+    def skip_synchronize(self):
+        """Use after calling ``synchronize()`` yourself (e.g. to clip gradients)::
+
+            optimizer.synchronize()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            with optimizer.skip_synchronize():
+                optimizer.step()
+        """
+        self._should_synchronize = False
+        try:
+            yield
+        finally:
+            self._should_synchronize = True
+
+    # -- the step -------------------------------------------------------------------------
+    def _current_lrs(self) -> list[float]:
+        return [float(g.get("lr", 0.0)) for g in self.param_groups]
+
+    def synchronize(self) -> None:
+        """Compress, communicate and aggregate all gradients (``step()`` calls this)."""
+        if not self._agreed:
+            self._agree()
+        e = self._engine
+        t0 = e.now()
+        lrs = self._current_lrs()
+        decayed = any(new < old for new, old in zip(lrs, self._lrs))
+        self._lrs = lrs
+        t_compute = None if self._last_step_end is None else t0 - self._last_step_end
+        self.last_stats = e.synchronize(self._gravac_step, decayed, t_compute)
+        self._synchronized = True
+
+    def step(self, closure=None):
+        if self._should_synchronize and not self._synchronized:
+            self.synchronize()
+        if not self._synchronized:
+            # Inside skip_synchronize() without a synchronize(): a purely local step.
+            return super().step(closure)
+        e, stats = self._engine, self.last_stats
+        self._synchronized = False
+        loss = None
+        if not stats.skipped:
+            # Every rank agreed to skip a non-finite step: no update, residuals untouched,
+            # the step still counts.
+            t0 = e.now()
+            loss = super().step(closure)
+            stats.t_update = e.now() - t0
+        end = e.now()
+        if not stats.skipped and self._last_step_end is not None:
+            stats.t_iter = end - self._last_step_end
+        self._last_step_end = end
+        e.end_step(stats, samples=None if stats.skipped else
+                   (self.batch_size or 1) * e.comm.size)
+        self._gravac_step += 1
+        return loss
+
+    # -- state ----------------------------------------------------------------------------
+    def state_dict(self):
+        """The wrapped optimizer's state plus this rank's residuals and the controller."""
+        state = super().state_dict()
+        state[STATE_KEY] = {"format": STATE_FORMAT, "step": self._gravac_step,
+                            **self._engine.state_dict()}
+        return state
+
+    def load_state_dict(self, state_dict):
+        state_dict = dict(state_dict)
+        extra = state_dict.pop(STATE_KEY, None)
+        super().load_state_dict(state_dict)
+        if extra is not None:
+            if extra.get("format") != STATE_FORMAT:
+                raise ValueError(f"gravac optimizer state has format {extra.get('format')!r}; "
+                                 f"this version reads format {STATE_FORMAT}")
+            self._engine.load_state_dict(extra)
+            self._gravac_step = int(extra["step"])
+        self._synchronized = False
+        self._lrs = self._current_lrs()
+
+
+def _make_controller(controller) -> Controller:
+    if controller is None:
+        return Static(cf=100)
+    if isinstance(controller, Controller):
+        return controller
+    if isinstance(controller, (int, float)) and not isinstance(controller, bool):
+        return Static(cf=controller)
+    raise ValueError(f"controller must be a gravac.controllers.Controller (e.g. Static(cf=100), "
+                     f"GraVAC(...)) or a number (a static CF), got {controller!r}")
+
+
+def wrap_optimizer(optimizer, named_parameters, comm: Comm, compressor="topk", controller=None,
+                   min_compress_numel: int = 1024, compressor_options: dict | None = None,
+                   batch_size: int | None = None, name_prefix: str = "gravac",
+                   nonfinite: str = "skip", max_consecutive_skips: int = 10,
+                   defer_agreement: bool = False, dense_wire: str = "native"):
+    """The distributed form of ``optimizer`` over ``comm`` (see the front ends' docstrings
+    for the arguments: ``gravac.DistributedOptimizer``)."""
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise ValueError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+    if not isinstance(comm, Comm):
+        raise ValueError(f"comm must be a gravac.comm.Comm (e.g. gravac.comm.init('auto')), "
+                         f"got {type(comm).__name__}")
+    if dense_wire not in DENSE_WIRE:
+        raise ValueError(f"dense_wire must be one of {', '.join(DENSE_WIRE)}, got {dense_wire!r}")
+    comp = _compressors.get(compressor, **(compressor_options or {}))
+    ctrl = _make_controller(controller)
+    cls = type(optimizer.__class__.__name__, (DistributedOptimizerMixin, optimizer.__class__), {})
+    return cls(optimizer.param_groups, named_parameters, comp, ctrl, comm, min_compress_numel,
+               batch_size, name_prefix, nonfinite, max_consecutive_skips, defer_agreement,
+               dense_wire)
+
+
+def broadcast_optimizer_state(optimizer, comm: Comm, root: int = 0) -> None:
+    """Give every rank ``root``'s optimizer state (momentum, ...) over any ``Comm``, as
+    Horovod's ``broadcast_optimizer_state``. gravac's per-rank state (residuals, the
+    controller) is not sent: each rank keeps its own.
+
+    Example::
+
+        broadcast_optimizer_state(opt, comm)       # after loading a state on rank 0 only
+    """
+    state = optimizer.state_dict()
+    state.pop(STATE_KEY, None)
+    shared = comm.broadcast_object(state if comm.rank == root else None,
+                                   name="gravac.optimizer_state", root=root)
+    if comm.rank != root:
+        mine = optimizer.state_dict()
+        if STATE_KEY in mine:
+            shared[STATE_KEY] = mine[STATE_KEY]
+        optimizer.load_state_dict(shared)

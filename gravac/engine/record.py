@@ -1,0 +1,92 @@
+"""The step record: one definition of what a step reports, used everywhere.
+
+``StepStats`` is what the engine says about one optimizer step (what was sent, at which
+CF, the agreed gains, traffic, timings); the optimizer exposes it as ``last_stats``. The
+trainer writes one ``metrics.jsonl`` line per logged step: the ``STEP_FIELDS`` below,
+which are ``StepStats``' logged fields plus the loop's own. The monitor, the report and
+the sweep read those names from here, never from a list of their own.
+
+Example::
+
+    stats = optimizer.last_stats            # a StepStats
+    stats.sent in SENT_VALUES                # "candidate", "min", "dense" or "skipped"
+    row = stats.as_dict()                    # for JSON
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from ..controllers.base import SENT_CANDIDATE, SENT_DENSE, SENT_MIN
+
+#: The step was skipped on every rank (a NaN/Inf gradient somewhere): nothing was sent.
+SENT_SKIPPED = "skipped"
+SENT_VALUES = (SENT_CANDIDATE, SENT_MIN, SENT_DENSE, SENT_SKIPPED)
+
+#: The metrics file of a run directory (one JSON object per line).
+METRICS_FILE = "metrics.jsonl"
+
+
+@dataclass
+class StepStats:
+    """One optimizer step, as the engine saw it (the same on every rank except timings).
+
+    sent: what travelled (``SENT_VALUES``); cf: the CF of what was sent (1 = dense);
+    theta_min / theta_c: the plan's CFs; gain_min / gain_c: this step's agreed gains;
+    delta_min / delta_c: the controller's smoothed gains after this step (GraVAC);
+    values_sent: sparse values this rank sent; floats_sent: values and indices (one float
+    each, as the paper counts) plus dense elements; dense_floats: what dense would send;
+    bytes_sent: this rank's bytes on the wire; t_*: seconds (None when not measured).
+    """
+
+    step: int
+    sent: str
+    cf: float = 1.0
+    theta_min: float | None = None
+    theta_c: float | None = None
+    gain_min: float | None = None
+    gain_c: float | None = None
+    delta_min: float | None = None
+    delta_c: float | None = None
+    sparse_layers: int = 0
+    dense_layers: int = 0
+    values_sent: int = 0
+    floats_sent: int = 0
+    dense_floats: int = 0
+    bytes_sent: int = 0
+    t_compute: float | None = None
+    t_compress: float | None = None
+    t_comm: float | None = None
+    t_update: float | None = None
+    t_iter: float | None = None
+    nonfinite_ranks: list[int] = field(default_factory=list)
+    layer_cf: dict[str, float] | None = None
+
+    def __post_init__(self):
+        if self.sent not in SENT_VALUES:
+            raise ValueError(f"sent must be one of {', '.join(SENT_VALUES)}, got {self.sent!r}")
+
+    @property
+    def skipped(self) -> bool:
+        return self.sent == SENT_SKIPPED
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def dense(cls, step: int, numel: int) -> "StepStats":
+        """A plain dense allreduce step (a baseline optimizer without gravac's record)."""
+        return cls(step=step, sent=SENT_DENSE, cf=1.0, floats_sent=numel, dense_floats=numel)
+
+
+#: StepStats fields written to every metrics "step" line (the rest are in-memory only).
+LOGGED_STATS = ("cf", "sent", "theta_min", "theta_c", "gain_min", "gain_c", "delta_min",
+                "delta_c", "floats_sent", "dense_floats", "t_compute", "t_compress", "t_comm")
+
+#: A metrics "step" line: the loop's fields, then the logged StepStats fields.
+LOOP_FIELDS = ("step", "epoch", "time", "loss", "lr", "world_size", "cum_floats_sent",
+               "cum_dense_floats", "t_iter", "samples_per_sec")
+STEP_FIELDS = LOOP_FIELDS + LOGGED_STATS
+
+#: The numeric fields of a "step" line (what the report loads as arrays).
+NUMERIC_STEP_FIELDS = tuple(f for f in STEP_FIELDS if f not in ("step", "sent", "world_size"))

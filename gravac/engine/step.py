@@ -1,0 +1,290 @@
+"""The step engine: one step's pipeline, independent of the transport.
+
+plan -> NaN/Inf agreement -> error feedback -> select (both levels) -> agree gains ->
+decide -> pack -> exchange -> unpack -> step record. It talks to other ranks only through
+a ``Comm`` and to the controller only through its contract (``plan``, ``decide``,
+``end_step``), so the same engine runs on Horovod, torch.distributed or one process.
+
+Every collective it issues depends only on values every rank shares (the plan, agreed
+gains, agreed NaN flags), so every rank issues the same collectives in the same order.
+
+Example::
+
+    engine = StepEngine(layers, compressor, controller, comm)
+    stats = engine.synchronize(step=0, lr_decayed=False)   # grads now averaged
+    optimizer.step()
+    engine.end_step(stats, t_update=..., t_iter=..., samples=32 * comm.size)
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from ..comm import Comm
+from ..compressors import Compressor, SelectContext, num_kept
+from ..controllers import SENT_CANDIDATE, SENT_DENSE, SENT_MIN, Controller, StepRecord
+from ..memory import ResidualMemory, SparseSent
+from .agreement import check_agreement
+from .exchange import AllgatherExchange
+from .layers import Layer
+from .record import SENT_SKIPPED, StepStats
+
+
+@dataclass
+class _Selection:
+    layer: Layer
+    g_ef: torch.Tensor
+    idx_min: torch.Tensor
+    val_min: torch.Tensor
+    idx_c: torch.Tensor | None = None
+    val_c: torch.Tensor | None = None
+
+
+class StepEngine:
+    """Compress, exchange and aggregate the gradients of ``layers`` for one step.
+
+    ``nonfinite``: ``"skip"`` a step with a NaN/Inf gradient on any rank (on every rank),
+    or ``"raise"``; ``max_consecutive_skips`` bounds the skips in a row. ``dense_wire``:
+    ``"fp16"`` sends dense layers as fp16 (Horovod's Compression.fp16).
+    """
+
+    def __init__(self, layers: list[Layer], compressor: Compressor, controller: Controller,
+                 comm: Comm, prefix: str = "gravac", nonfinite: str = "skip",
+                 max_consecutive_skips: int = 10, dense_wire: str = "native"):
+        if nonfinite not in ("skip", "raise"):
+            raise ValueError(f"nonfinite must be 'skip' (skip the step on every rank) or 'raise' "
+                             f"(stop), got {nonfinite!r}")
+        if isinstance(max_consecutive_skips, bool) or not isinstance(max_consecutive_skips, int) \
+                or max_consecutive_skips < 0:
+            raise ValueError(f"max_consecutive_skips must be an int >= 0, got "
+                             f"{max_consecutive_skips!r}")
+        self.layers, self.compressor, self.controller = layers, compressor, controller
+        self.comm, self.prefix = comm, prefix
+        self.nonfinite, self.max_consecutive_skips = nonfinite, max_consecutive_skips
+        self.exchange = AllgatherExchange(comm, prefix, dense_wire)
+        self.memory = ResidualMemory()
+        self.skipped_steps: list[dict] = []
+        self._consecutive_skips = 0
+        # CUDA kernels run asynchronously: time phases only after the device has finished.
+        self._cuda = any(l.param.is_cuda for l in layers)
+        self.controller.bind(self.compressed_layer_names, comm)
+
+    @property
+    def compressed_layer_names(self) -> list[str]:
+        return [l.name for l in self.layers if l.compressible]
+
+    # -- world ----------------------------------------------------------------------------
+    def agree(self, description: dict) -> None:
+        """Collective: every rank must describe the same set-up (raises on all otherwise)."""
+        check_agreement(description, self.comm, name=f"{self.prefix}.agree")
+
+    def rebind(self, comm: Comm) -> None:
+        """Use ``comm`` from now on (an elastic reset); the controller keeps its state."""
+        self.comm = comm
+        self.exchange.comm = comm
+        self.controller.rebind(self.compressed_layer_names, comm)
+
+    def now(self) -> float:
+        if self._cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    # -- the step -------------------------------------------------------------------------
+    def synchronize(self, step: int, lr_decayed: bool, t_compute: float | None) -> StepStats:
+        """Average every layer's gradient across ranks (compressed as the controller
+        plans), in place in ``.grad``; returns what the step did."""
+        t0 = self.now()
+        # A learning-rate decay must reach the controller before it plans the step that
+        # uses the new rate.
+        if lr_decayed:
+            self.controller.on_lr_decay()
+        plan = self.controller.plan(step)
+        self._densify_grads()
+        bad_ranks = self._nonfinite_ranks()
+        if bad_ranks:
+            return self._skip(step, bad_ranks, t0, t_compute)
+        if self.controller.wants_gradients:
+            self.controller.observe_gradients(
+                {l.name: l.param.grad for l in self.layers if l.compressible})
+
+        dense = [l for l in self.layers if not l.compressible]
+        selections: list[_Selection] = []
+        for layer in self.layers:
+            if not layer.compressible:
+                continue
+            cf = plan.cf_of(layer.name)
+            if cf <= 1:
+                # Planned dense: the gradient absorbs the residual (free when it is already
+                # zero, e.g. GraVAC settled on dense on a fast link: no extra passes).
+                self.memory.flush_into(layer.name, layer.param.grad)
+                dense.append(layer)
+                continue
+            g_ef = self.memory.compensate(layer.name, layer.param.grad)
+            selections.append(self._select(layer, g_ef, cf, plan.theta_c, step))
+
+        gain_min = gain_c = None
+        if plan.needs_gains:
+            gain_min, gain_c = self._agree_gains(selections)
+            if not any(s.val_c is not None for s in selections):
+                gain_c = None
+        sent = self.controller.decide(gain_min, gain_c) if selections else SENT_MIN
+        if sent not in (SENT_CANDIDATE, SENT_MIN, SENT_DENSE):
+            raise RuntimeError(f"controller returned {sent!r}; expected one of "
+                               f"{SENT_CANDIDATE!r}, {SENT_MIN!r}, {SENT_DENSE!r}")
+        if sent == SENT_CANDIDATE and any(s.val_c is None for s in selections):
+            raise RuntimeError("controller chose the candidate but its plan had no candidate CF "
+                               "above theta_min")
+
+        payload = []
+        if sent == SENT_DENSE:
+            for s in selections:
+                s.layer.param.grad.view(-1).copy_(s.g_ef)
+                self.memory.update(s.layer.name, s.g_ef, None)
+                dense.append(s.layer)
+            selections = []
+        else:
+            for s in selections:
+                idx, val = (s.idx_c, s.val_c) if sent == SENT_CANDIDATE else (s.idx_min, s.val_min)
+                payload.append((s.layer, val, idx))
+                # val is a copy (gathered), so g_ef's buffer may now become the residual.
+                self.memory.update(s.layer.name, s.g_ef, SparseSent(idx, val))
+        packed = self.exchange.pack(payload)
+        t1 = self.now()
+        pending = self.exchange.start(packed, dense)
+        pending.wait_dense()
+        t2 = self.now()
+        pending.unpack()
+        t3 = self.now()
+
+        kept = sum(int(v.numel()) for _, v, _ in payload)
+        dense_numel = sum(l.numel for l in dense)
+        if not selections:
+            sent, cf_sent = SENT_DENSE, 1.0    # nothing went sparse this step
+        elif sent == SENT_CANDIDATE:
+            cf_sent = float(plan.theta_c)
+        elif plan.layer_cf is None:
+            cf_sent = float(plan.theta_min)
+        else:
+            cf_sent = _effective_cf(sum(s.layer.numel for s in selections), kept)
+        self._consecutive_skips = 0
+        return StepStats(
+            step=step, sent=sent, cf=cf_sent, theta_min=float(plan.theta_min),
+            theta_c=None if plan.theta_c is None else float(plan.theta_c),
+            gain_min=gain_min, gain_c=gain_c,
+            sparse_layers=len(selections), dense_layers=len(dense), values_sent=kept,
+            # Values and indices each count as one float (as the paper counts), plus dense.
+            floats_sent=2 * kept + dense_numel,
+            dense_floats=sum(l.numel for l in self.layers), bytes_sent=pending.bytes_sent,
+            t_compute=t_compute, t_compress=(t1 - t0) + (t3 - t2), t_comm=t2 - t1,
+            layer_cf=None if plan.layer_cf is None else dict(plan.layer_cf))
+
+    def end_step(self, stats: StepStats, samples: float | None) -> None:
+        """Tell the controller how the step went (every rank, same order); fills the
+        smoothed gains into ``stats``."""
+        gain = {SENT_CANDIDATE: stats.gain_c, SENT_MIN: stats.gain_min}.get(stats.sent, 1.0)
+        self.controller.end_step(
+            StepRecord(step=stats.step, sent=stats.sent, cf=stats.cf,
+                       gain=1.0 if gain is None else gain, t_iter=stats.t_iter,
+                       samples=samples), self.comm)
+        summary = self.controller.summary()
+        stats.delta_min, stats.delta_c = summary.get("delta_min"), summary.get("delta_c")
+
+    # -- pieces ---------------------------------------------------------------------------
+    def _densify_grads(self) -> None:
+        for layer in self.layers:
+            grad = layer.param.grad
+            if grad is None:
+                # Every rank must send every layer (another rank may have a gradient for it).
+                layer.param.grad = torch.zeros_like(layer.param)
+            elif grad.is_sparse:
+                # Sparse embedding gradients: compressed or averaged like any other layer
+                # (the optimizer then sees a dense gradient, as with sparse_as_dense).
+                layer.param.grad = grad.to_dense()
+
+    def _select(self, layer: Layer, g_ef: torch.Tensor, cf: float, theta_c: float | None,
+                step: int) -> _Selection:
+        rank = self.comm.rank
+        k_min = num_kept(layer.numel, cf)
+        idx_min = self.compressor.select(g_ef, k_min, SelectContext(step, layer.index, rank, 0))
+        val_min = g_ef[idx_min]
+        sel = _Selection(layer, g_ef, idx_min, val_min)
+        if theta_c is not None and theta_c > cf:
+            # Multi-level: the second pass sees the k_min kept values, not the n entries;
+            # its k is the one a direct compression at θc would use.
+            k_c = num_kept(layer.numel, theta_c)
+            sub = self.compressor.select(val_min, k_c, SelectContext(step, layer.index, rank, 1))
+            sel.idx_c, sel.val_c = idx_min[sub], val_min[sub]
+        return sel
+
+    def _agree_gains(self, selections: list[_Selection]):
+        """Whole-model compression gains, summed over ranks with one tiny allreduce."""
+        if selections:
+            # Summed on the gradients' device and moved once: one sync, not one per layer.
+            sq = torch.stack([
+                torch.stack([_sq_norm(s.val_min),
+                             _sq_norm(s.val_c if s.val_c is not None else s.val_min),
+                             _sq_norm(s.g_ef)])
+                for s in selections]).double().sum(0).cpu()
+        else:
+            sq = torch.zeros(3, dtype=torch.float64)
+        sq = self.comm.allreduce(sq, op="sum", name=f"{self.prefix}.gains")
+        total = float(sq[2])
+        if total <= 0.0:
+            return 1.0, 1.0
+        return float(sq[0]) / total, float(sq[1]) / total
+
+    def _nonfinite_ranks(self) -> list[int]:
+        """Ranks whose gradient has a NaN or Inf this step, agreed by one tiny allreduce.
+
+        Checked before error feedback touches the residuals, so a skipped step leaves them
+        as they were. A float64 sum is finite exactly when no entry is NaN or Inf.
+        """
+        grads = [l.param.grad for l in self.layers]
+        local = torch.stack([g.sum(dtype=torch.float64) for g in grads]).sum() if grads else None
+        flags = torch.zeros(self.comm.size, dtype=torch.float64)
+        if local is not None and not bool(torch.isfinite(local)):
+            flags[self.comm.rank] = 1.0
+        flags = self.comm.allreduce(flags, op="sum", name=f"{self.prefix}.finite")
+        return [r for r, f in enumerate(flags.tolist()) if f > 0]
+
+    def _skip(self, step: int, bad_ranks: list[int], t0: float, t_compute) -> StepStats:
+        self._consecutive_skips += 1
+        self.skipped_steps.append({"step": step, "ranks": bad_ranks})
+        if self.nonfinite == "raise" or self._consecutive_skips > self.max_consecutive_skips:
+            why = ("nonfinite='raise'" if self.nonfinite == "raise" else
+                   f"{self._consecutive_skips} consecutive steps skipped (max_consecutive_skips="
+                   f"{self.max_consecutive_skips})")
+            raise FloatingPointError(
+                f"non-finite gradient (NaN or Inf) at step {step} on rank(s) "
+                f"{', '.join(map(str, bad_ranks))}; stopping: {why}. Lower the learning rate, "
+                "clip gradients (optimizer.grad_clip) or check the data of those ranks.")
+        return StepStats(step=step, sent=SENT_SKIPPED, cf=1.0, nonfinite_ranks=bad_ranks,
+                         dense_floats=sum(l.numel for l in self.layers),
+                         t_compute=t_compute, t_compress=self.now() - t0, t_comm=0.0,
+                         t_update=0.0)
+
+    # -- state ----------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {"memory": self.memory.state_dict(), "controller": self.controller.state_dict(),
+                "compressor": self.compressor.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        # Residuals follow their parameter's device and dtype: a checkpoint written on a
+        # CPU (or read with map_location="cpu") resumes on a GPU, and vice versa.
+        self.memory.load_state_dict(state["memory"],
+                                    like={l.name: l.param for l in self.layers})
+        self.controller.load_state_dict(state["controller"])
+        self.compressor.load_state_dict(state.get("compressor", {}))
+
+
+def _sq_norm(t: torch.Tensor) -> torch.Tensor:
+    t = t.reshape(-1)
+    if t.dtype != torch.float32 and t.dtype != torch.float64:
+        t = t.float()
+    return torch.dot(t, t)
+
+
+def _effective_cf(numel: int, kept: int) -> float:
+    return float(numel) / kept if kept else 1.0

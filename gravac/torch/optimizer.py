@@ -1,0 +1,47 @@
+"""gravac.torch.DistributedOptimizer: the same optimizer on torch.distributed (torchrun).
+
+It behaves exactly as the Horovod front end (``gravac.DistributedOptimizer``): the same
+engine, the same step record, the same checkpoints; only the transport differs (gloo on
+CPU, nccl on GPU). Use it where jobs start with ``torchrun`` instead of ``horovodrun``.
+"""
+from __future__ import annotations
+
+from ..comm.torchdist import TorchDistComm
+from ..engine.optimizer import wrap_optimizer
+
+
+def DistributedOptimizer(optimizer, named_parameters, compressor="topk", controller=None,
+                         min_compress_numel: int = 1024, compressor_options: dict | None = None,
+                         batch_size: int | None = None, group=None,
+                         name_prefix: str = "gravac", nonfinite: str = "skip",
+                         max_consecutive_skips: int = 10, defer_agreement: bool = False,
+                         dense_wire: str = "native"):
+    """Wrap a torch optimizer so that ``step()`` averages gradients across the ranks of a
+    torch.distributed process group with compressed communication and error feedback.
+
+    Arguments as ``gravac.DistributedOptimizer`` (see its docstring), with ``group`` (a
+    torch.distributed process group; default: the world) in place of Horovod's
+    ``process_set``. Initialise the process group first.
+
+    Example (``torchrun --nproc-per-node 2 train_me.py``)::
+
+        import torch.distributed as dist, gravac.torch
+        dist.init_process_group("gloo")
+        model = Net()
+        opt = gravac.torch.DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(),
+            compressor="topk", controller=gravac.controllers.Static(cf=100))
+        for p in model.state_dict().values():      # start from rank 0's weights
+            dist.broadcast(p, src=0)
+        for x, y in loader:
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+    """
+    return wrap_optimizer(optimizer, named_parameters, TorchDistComm(group),
+                          compressor=compressor, controller=controller,
+                          min_compress_numel=min_compress_numel,
+                          compressor_options=compressor_options, batch_size=batch_size,
+                          name_prefix=name_prefix, nonfinite=nonfinite,
+                          max_consecutive_skips=max_consecutive_skips,
+                          defer_agreement=defer_agreement, dense_wire=dense_wire)
