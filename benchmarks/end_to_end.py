@@ -1,5 +1,6 @@
 """End-to-end comparison on a slow link: dense Horovod, Horovod fp16, static Top-k, Accordion
-and GraVAC, 2 ranks in a bandwidth-limited network namespace.
+and GraVAC, 2 ranks in a bandwidth-limited network namespace, on Horovod (horovodrun) and/or
+torch.distributed (torchrun).
 
 For each rate (default 1gbit and 100mbit) it trains the same workload, with the same seed,
 data and step count, once per method, inside hvd_scripts/bandwidth_sandbox.sh. Workloads
@@ -15,7 +16,12 @@ run of the same invocation and rate:
 
     sudo .venv/bin/python benchmarks/end_to_end.py [--workload lstm|wide_cnn]
         [--rates 1gbit 100mbit 10gbit] [--steps N] [--methods dense gravac ...]
-        [--out runs/benchmarks/e2e]
+        [--backend horovod torch] [--out runs/benchmarks/e2e]
+
+--backend picks the transports (default horovod). Under torch, "dense" is PyTorch DDP and
+"horovod_fp16" is DDP with its fp16 compression hook: what a torchrun user runs without
+gravac. Each backend's ratios are to its own dense run; with both backends a last table
+compares each method's samples/s across them (torch / horovod), in the same invocation.
 
 Needs the rights to create network namespaces (root). Each run's directory, a results.md
 and results.json, and a gravac.report per rate (dense as baseline) go under --out.
@@ -63,26 +69,42 @@ METHODS: dict[str, tuple[str, list[str]]] = {
 }
 
 
+BACKENDS = ("horovod", "torch")
+
+
+def launcher(backend: str, np_: int) -> list[str]:
+    """The command that starts ``np_`` ranks of train.py on ``backend``."""
+    if backend == "horovod":
+        return [str(REPO / ".venv/bin/horovodrun"), "-np", str(np_), "-H", f"localhost:{np_}",
+                "--gloo", str(REPO / ".venv/bin/python"), str(REPO / "train.py")]
+    return [str(REPO / ".venv/bin/torchrun"), "--standalone", "--nproc-per-node", str(np_),
+            str(REPO / "train.py")]
+
+
+def run_dir_of(out: Path, rate: str, backend: str, method: str) -> Path:
+    return out / rate / backend / method
+
+
 def run_one(method: str, rate: str, steps: int, out: Path, np_: int, extra: list[str],
-            workload: str) -> Path:
+            workload: str, backend: str) -> Path:
     config, accordion, _ = WORKLOADS[workload]
     compression, sets = METHODS[method]
     compression = compression.format(accordion=accordion)
-    run_dir = out / rate / method
-    overrides = [f"run.output_dir={out / rate}", f"run.name={method}", f"run.steps={steps}",
-                 "run.overwrite=true", "run.progress=never", *sets, *extra]
+    run_dir = run_dir_of(out, rate, backend, method)
+    overrides = [f"run.output_dir={run_dir.parent}", f"run.name={method}", f"run.steps={steps}",
+                 "run.overwrite=true", "run.progress=never", f"run.backend={backend}",
+                 *sets, *extra]
     command = ["bash", str(REPO / "hvd_scripts/bandwidth_sandbox.sh"), rate, "--",
-               str(REPO / ".venv/bin/horovodrun"), "-np", str(np_), "-H", f"localhost:{np_}",
-               "--gloo", str(REPO / ".venv/bin/python"), str(REPO / "train.py"),
+               *launcher(backend, np_),
                "--config", str(REPO / config), str(REPO / "configs/compression" / compression)]
     for text in overrides:
         command += ["--set", text]
-    log = out / rate / f"{method}.log"
+    log = run_dir.parent / f"{method}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     with open(log, "w") as f:
         code = subprocess.call(command, cwd=REPO, stdout=f, stderr=subprocess.STDOUT)
-    print(f"  {rate:>8} {method:<18} {'ok' if code == 0 else f'FAILED ({code})'} "
+    print(f"  {rate:>8} {backend:<8} {method:<18} {'ok' if code == 0 else f'FAILED ({code})'} "
           f"in {time.time() - t0:.0f}s (log: {log})", flush=True)
     if code != 0:
         raise RuntimeError(f"{method} at {rate} failed; see {log}")
@@ -130,9 +152,11 @@ def summarize(run: dict, target: float, warmup: int = 10) -> dict:
     }
 
 
-def table(rate: str, results: dict[str, dict], target: float) -> str:
+def table(rate: str, results: dict[str, dict], target: float, backend: str) -> str:
     dense = results["dense"]
-    lines = [f"### {rate}: target training loss {target:.4f} (dense, smoothed, at 80% of its steps)",
+    baseline = "Horovod dense" if backend == "horovod" else "PyTorch DDP"
+    lines = [f"### {rate}, {backend}: target training loss {target:.4f} ({baseline}, smoothed, "
+             "at 80% of its steps)",
              "",
              "| method | samples/s | vs dense | vs fp16 | time to target (s) | vs dense "
              f"| final loss | vs dense | eval {next(iter(dense['eval']))} | floats sent / dense |",
@@ -158,6 +182,20 @@ def table(rate: str, results: dict[str, dict], target: float) -> str:
     return "\n".join(lines)
 
 
+def backend_table(rate: str, by_backend: dict[str, dict[str, dict]]) -> str:
+    """Each method's samples/s on torch.distributed relative to Horovod (same invocation)."""
+    hvd_runs, torch_runs = by_backend["horovod"], by_backend["torch"]
+    lines = [f"### {rate}: torch.distributed vs Horovod (samples/s; dense is Horovod's "
+             "allreduce vs PyTorch DDP, fp16 is Compression.fp16 vs DDP's fp16 hook)", "",
+             "| method | horovod samples/s | torch samples/s | torch / horovod |",
+             "|---|---:|---:|---:|"]
+    for name in hvd_runs:
+        if name in torch_runs:
+            a, b = hvd_runs[name]["samples_per_sec"], torch_runs[name]["samples_per_sec"]
+            lines.append(f"| {name} | {a:.0f} | {b:.0f} | {b / a:.2f}x |")
+    return "\n".join(lines)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rates", nargs="+", default=["1gbit", "100mbit"])
@@ -166,6 +204,8 @@ def main() -> int:
                         help="steps per run (default: 300 for lstm, 150 for wide_cnn)")
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     parser.add_argument("--np", type=int, default=2)
+    parser.add_argument("--backend", nargs="+", default=["horovod"], choices=BACKENDS,
+                        help="transports to run every method on (default: horovod)")
     parser.add_argument("--out", type=Path, default=REPO / "runs/benchmarks/e2e")
     parser.add_argument("--summarize-only", action="store_true",
                         help="do not train: summarize the runs already under --out")
@@ -177,27 +217,33 @@ def main() -> int:
     methods = ["dense"] + [m for m in args.methods if m != "dense"]
     workload = WORKLOADS[args.workload][0]
     args.steps = args.steps or WORKLOADS[args.workload][2]
-    print(f"end-to-end: {len(methods)} methods x {len(args.rates)} rates, {args.steps} steps, "
-          f"{args.np} ranks, workload {workload}", flush=True)
+    backends = list(dict.fromkeys(args.backend))
+    print(f"end-to-end: {len(methods)} methods x {len(args.rates)} rates x {len(backends)} "
+          f"backends, {args.steps} steps, {args.np} ranks, workload {workload}", flush=True)
     sections, everything = [], {}
     for rate in args.rates:
-        results = {}
-        for method in methods:
-            run_dir = (args.out / rate / method if args.summarize_only else
-                       run_one(method, rate, args.steps, args.out, args.np, args.extra,
-                               args.workload))
-            results[method] = load(run_dir)
-        dense_steps = results["dense"]["steps"]
-        target = smoothed(dense_steps)[int(0.8 * len(dense_steps)) - 1]
-        summary = {m: summarize(r, target) for m, r in results.items()}
-        sections.append(table(rate, summary, target))
-        everything[rate] = {"target": target, "runs": summary}
-        print("\n" + sections[-1] + "\n", flush=True)
-        subprocess.call([str(REPO / ".venv/bin/python"), "-m", "gravac.report",
-                         *[str(args.out / rate / m) for m in methods],
-                         "--baseline", str(args.out / rate / "dense"),
-                         "--out", str(args.out / rate / "report")], cwd=REPO,
-                        stdout=subprocess.DEVNULL)
+        by_backend = {}
+        for backend in backends:
+            results = {}
+            for method in methods:
+                run_dir = (run_dir_of(args.out, rate, backend, method) if args.summarize_only
+                           else run_one(method, rate, args.steps, args.out, args.np, args.extra,
+                                        args.workload, backend))
+                results[method] = load(run_dir)
+            dense_steps = results["dense"]["steps"]
+            target = smoothed(dense_steps)[int(0.8 * len(dense_steps)) - 1]
+            summary = {m: summarize(r, target) for m, r in results.items()}
+            by_backend[backend] = summary
+            sections.append(table(rate, summary, target, backend))
+            everything.setdefault(rate, {})[backend] = {"target": target, "runs": summary}
+            print("\n" + sections[-1] + "\n", flush=True)
+            where = args.out / rate / backend
+            subprocess.call([str(REPO / ".venv/bin/python"), "-m", "gravac.report",
+                             *[str(where / m) for m in methods], "--baseline", str(where / "dense"),
+                             "--out", str(where / "report")], cwd=REPO, stdout=subprocess.DEVNULL)
+        if len(by_backend) == 2:
+            sections.append(backend_table(rate, by_backend))
+            print("\n" + sections[-1] + "\n", flush=True)
     sys.path.insert(0, str(REPO))
     from gravac.train.atomic import atomic_write_text
 
@@ -205,7 +251,7 @@ def main() -> int:
               f" workload `{workload}`, command `{' '.join(sys.argv)}`\n\n")
     atomic_write_text(args.out / "results.md", header + "\n\n".join(sections) + "\n")
     atomic_write_text(args.out / "results.json", json.dumps(everything, indent=1, default=str))
-    print(f"results: {args.out / 'results.md'}; reports: {args.out}/<rate>/report/report.md")
+    print(f"results: {args.out / 'results.md'}; reports: {args.out}/<rate>/<backend>/report/report.md")
     return 0
 
 

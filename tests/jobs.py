@@ -1,15 +1,28 @@
-"""Helpers of the tests that launch their own horovodrun jobs (tests/faults)."""
+"""Helpers of the tests that launch their own horovodrun or torchrun jobs (tests/faults)."""
 import json
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 HOROVODRUN = str(REPO / ".venv/bin/horovodrun")
+TORCHRUN = str(REPO / ".venv/bin/torchrun")
 PYTHON = str(REPO / ".venv/bin/python")
+LAUNCHERS = ("horovodrun", "torchrun")
+
+
+def launch_train(launcher: str, np_: int = 2) -> list[str]:
+    """The command that starts ``np_`` ranks of train.py (from the repository root)."""
+    if launcher == "horovodrun":
+        return [HOROVODRUN, "-np", str(np_), "-H", f"localhost:{np_}", "--gloo", PYTHON,
+                "train.py"]
+    if launcher == "torchrun":
+        return [TORCHRUN, "--standalone", "--nproc-per-node", str(np_), "train.py"]
+    raise ValueError(f"launcher must be one of {LAUNCHERS}, got {launcher!r}")
 
 
 def rank_pid(marker: str, rank: int) -> int | None:
-    """PID of the train.py worker whose command line holds ``marker`` and whose Horovod
-    rank (at launch) is ``rank``; None when there is none."""
+    """PID of the train.py worker whose command line holds ``marker`` and whose rank (at
+    launch: HOROVOD_RANK under horovodrun, RANK under torchrun) is ``rank``; None when
+    there is none."""
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -18,8 +31,8 @@ def rank_pid(marker: str, rank: int) -> int | None:
             environ = (entry / "environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        if "train.py" in cmdline and marker in cmdline and \
-                f"HOROVOD_RANK={rank}".encode() in environ:
+        ranks = {f"HOROVOD_RANK={rank}".encode(), f"RANK={rank}".encode()}
+        if "train.py" in cmdline and marker in cmdline and ranks & set(environ):
             return int(entry.name)
     return None
 

@@ -79,14 +79,28 @@ class StepStats:
         return cls(step=step, sent=SENT_DENSE, cf=1.0, floats_sent=numel, dense_floats=numel)
 
 
-#: StepStats fields written to every metrics "step" line (the rest are in-memory only).
-LOGGED_STATS = ("cf", "sent", "theta_min", "theta_c", "gain_min", "gain_c", "delta_min",
-                "delta_c", "floats_sent", "dense_floats", "t_compute", "t_compress", "t_comm")
-
-#: A metrics "step" line: the loop's fields, then the logged StepStats fields.
-LOOP_FIELDS = ("step", "epoch", "time", "loss", "lr", "world_size", "cum_floats_sent",
-               "cum_dense_floats", "t_iter", "samples_per_sec")
-STEP_FIELDS = LOOP_FIELDS + LOGGED_STATS
-
+#: Every field of a metrics "step" line, in order, with its TensorBoard tag (None: not
+#: plotted). The loop measures step, epoch, time, loss, lr, t_iter, samples/s and the
+#: cumulative traffic itself; every other field is the StepStats field of the same name.
+STEP_COLUMNS = (
+    ("step", None), ("epoch", None), ("time", None), ("world_size", None),
+    ("loss", "train/loss"), ("lr", "train/lr"), ("samples_per_sec", "train/samples_per_sec"),
+    ("sent", None), ("cf", "compression/cf_sent"), ("theta_min", "compression/theta_min"),
+    ("theta_c", "compression/theta_c"), ("gain_min", "compression/gain_min"),
+    ("gain_c", "compression/gain_c"), ("delta_min", "compression/delta_min"),
+    ("delta_c", "compression/delta_c"),
+    ("floats_sent", "traffic/floats_sent"), ("cum_floats_sent", "traffic/cum_floats_sent"),
+    ("dense_floats", "traffic/dense_floats"),
+    ("cum_dense_floats", "traffic/cum_dense_floats"),
+    ("t_compute", "time/compute"), ("t_compress", "time/compress"),
+    ("t_comm", "time/communicate"), ("t_iter", "time/step"),
+)
+STEP_FIELDS = tuple(name for name, _ in STEP_COLUMNS)
+#: TensorBoard tag -> step field.
+TENSORBOARD_TAGS = {tag: name for name, tag in STEP_COLUMNS if tag is not None}
+_LOOP_OWN = ("step", "t_iter")
+#: The StepStats fields a metrics "step" line carries.
+LOGGED_STATS = tuple(f.name for f in dataclasses.fields(StepStats)
+                     if f.name in STEP_FIELDS and f.name not in _LOOP_OWN)
 #: The numeric fields of a "step" line (what the report loads as arrays).
 NUMERIC_STEP_FIELDS = tuple(f for f in STEP_FIELDS if f not in ("step", "sent", "world_size"))

@@ -157,7 +157,10 @@ class Trainer:
         lines = [f"model {cfg.model.name}: {params:,} parameters; data {cfg.data.name}: "
                  f"{self.task.steps_per_epoch} steps per epoch at batch {cfg.data.batch_size} "
                  f"per rank x {self.world} ranks; {self.total_steps} steps"]
-        if hasattr(opt, "compressed_layer_names"):
+        if cfg.compression.controller == "dense" and hasattr(opt, "compressed_layer_names"):
+            lines.append(f"dense: gravac's uncompressed allreduce over {self.comm.backend} "
+                         f"(fp16: {cfg.compression.horovod_compression == 'fp16'})")
+        elif hasattr(opt, "compressed_layer_names"):
             names = opt.compressed_layer_names
             lines.append(f"compressor {cfg.compression.compressor}, controller "
                          f"{opt.controller!r}; {len(names)} of {len(opt.layer_names)} layers "

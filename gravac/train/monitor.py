@@ -16,20 +16,8 @@ import math
 import sys
 from pathlib import Path
 
-METRICS = "metrics.jsonl"
-
-# Step fields shown in TensorBoard, grouped by panel.
-_STEP_SCALARS = {
-    "train/loss": "loss", "train/lr": "lr", "train/samples_per_sec": "samples_per_sec",
-    "compression/cf_sent": "cf", "compression/theta_min": "theta_min",
-    "compression/theta_c": "theta_c", "compression/gain_min": "gain_min",
-    "compression/gain_c": "gain_c", "compression/delta_min": "delta_min",
-    "compression/delta_c": "delta_c",
-    "traffic/floats_sent": "floats_sent", "traffic/cum_floats_sent": "cum_floats_sent",
-    "traffic/dense_floats": "dense_floats", "traffic/cum_dense_floats": "cum_dense_floats",
-    "time/compute": "t_compute", "time/compress": "t_compress", "time/communicate": "t_comm",
-    "time/step": "t_iter",
-}
+from ..engine.record import METRICS_FILE as METRICS
+from ..engine.record import TENSORBOARD_TAGS as _STEP_SCALARS
 
 
 def _finite(value) -> bool:

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from gravac import compressors
 from gravac.compressors import SelectContext, num_kept
-from gravac.hvd.compression import SparseCompression, SparseLayer
+from gravac.engine.codec import SparseCodec, SparseLayer
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 SETTINGS = settings(max_examples=60, deadline=None,
@@ -71,7 +71,7 @@ def test_multilevel_topk_equals_direct(x, theta_min, factor):
 def test_pack_unpack_aggregates_like_a_dense_sum(data, ranks, n_layers, dtype):
     sizes = data.draw(st.lists(st.integers(1, 400), min_size=n_layers, max_size=n_layers))
     layers = [SparseLayer(f"l{i}", n, dtype) for i, n in enumerate(sizes)]
-    codec = SparseCompression(layers)
+    codec = SparseCodec(layers)
     buffers, expected = [], [torch.zeros(n) for n in sizes]
     ctx = None
     for r in range(ranks):
@@ -83,10 +83,10 @@ def test_pack_unpack_aggregates_like_a_dense_sum(data, ranks, n_layers, dtype):
             vals = torch.randn(count, generator=g).to(dtype)
             selections.append((vals, idx))
             expected[i].index_add_(0, idx, vals.float())
-        buf, ctx = codec.compress(selections)
+        buf, ctx = codec.pack(selections)
         assert buf.dtype == torch.uint8 and buf.numel() % 8 == 0
         buffers.append(buf)
-    flat = codec.decompress(torch.cat(buffers), ctx, world_size=ranks)
+    flat = codec.aggregate(torch.cat(buffers), ctx, world_size=ranks)
     for got, want in zip(codec.split(flat, ctx), expected):
         assert torch.allclose(got, want / ranks, rtol=1e-6, atol=1e-6)
     assert math.isclose(float(flat.sum()), float(sum(e.sum() for e in expected)) / ranks,

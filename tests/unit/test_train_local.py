@@ -1,0 +1,36 @@
+"""train.py's loop on the single-process transport (run.backend=local): no launcher, the
+same engine, and metrics lines that carry exactly the step record's fields."""
+import json
+from pathlib import Path
+
+import pytest
+
+from gravac.engine.record import STEP_FIELDS
+from gravac.train.config import load_config
+from gravac.train.loop import train
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("compression", ["gravac_exp_topk.yaml", "dense.yaml"])
+def test_local_backend_trains_and_logs_the_step_record(tmp_path, compression):
+    cfg = load_config([str(REPO / "configs/demo.yaml"),
+                       str(REPO / "configs/compression" / compression)],
+                      [f"run.output_dir={tmp_path}", "run.name=local", "run.steps=150",
+                       "run.backend=local", "run.log_interval=1", "run.progress=never",
+                       "run.report=false", "compression.gravac.window=10"])
+    summary = train(cfg)
+    assert summary["steps"] == 150 and summary["final"]["top1"] > 0.5
+    records = [json.loads(line) for line in
+               (tmp_path / "local" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if r["kind"] == "step"]
+    assert [r["step"] for r in steps] == list(range(1, 151))
+    for r in steps:
+        assert set(r) == {"kind", *STEP_FIELDS}
+    start = next(r for r in records if r["kind"] == "run_start")
+    assert start["backend"] == "local" and start["world_size"] == 1
+    if compression == "dense.yaml":
+        assert all(r["cf"] == 1.0 and r["sent"] == "dense" for r in steps)
+    else:
+        assert {r["theta_min"] for r in steps} == {10.0}
+        assert any(r["delta_min"] is not None for r in steps)
