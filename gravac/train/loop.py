@@ -137,9 +137,8 @@ class Trainer:
                                                               gamma=o.lr_gamma)
         self.total_steps = cfg.run.steps or cfg.run.epochs * self.task.steps_per_epoch
         self.run_dir = Path(cfg.run.output_dir) / cfg.run.name
-        # None for plain Horovod dense; gravac's optimizer always has one.
-        self.controller = getattr(self.opt, "controller", None) if hasattr(self.opt, "last_stats") \
-            else None
+        # None for the plain dense baselines (Horovod's optimizer, DDP); gravac's has one.
+        self.controller = getattr(self.opt, "controller", None)
         self.dense_numel = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
         self.step = self.epoch = self.batch_in_epoch = 0
         self.elapsed0 = 0.0
@@ -192,8 +191,9 @@ class Trainer:
             self.run_dir, comm, log=lambda text: print(f"[rank {rank}] {text}", flush=True))
         if info["world_size"] != self.world:
             raise ConfigError(f"--resume: the checkpoint was written by {info['world_size']} "
-                              f"ranks, this job has {self.world}; run with -np "
-                              f"{info['world_size']}")
+                              f"ranks, this job has {self.world}; run it with {info['world_size']} "
+                              f"ranks (horovodrun -np {info['world_size']} or torchrun "
+                              f"--nproc-per-node ...)")
         self.model.load_state_dict(common["model"])
         self.opt.load_state_dict(rank_state["optimizer"])
         self.scheduler.load_state_dict(common["scheduler"])
