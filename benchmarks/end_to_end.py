@@ -245,7 +245,7 @@ def main() -> int:
             sections.append(backend_table(rate, by_backend))
             print("\n" + sections[-1] + "\n", flush=True)
     sys.path.insert(0, str(REPO))
-    from gravac.train.atomic import atomic_write_text
+    from gravac.util.atomic import atomic_write_text
 
     header = (f"# End-to-end results\n\n{len(methods)} methods, {args.steps} steps, {args.np} ranks,"
               f" workload `{workload}`, command `{' '.join(sys.argv)}`\n\n")

@@ -1,7 +1,7 @@
 """Multi-level vs direct compression, and the GraVAC step overhead.
 
 Part 1, per compressor and model (parameter shapes of ResNet-101/CIFAR-10, VGG-16/CIFAR-100
-and the 2-layer LSTM language model, built from gravac.train.models; no training): time of
+and the 2-layer LSTM language model, built from gravac.models; no training): time of
 
   direct:      compress every compressible layer to θmin AND, separately, to θc from the
                full gradient (two passes over n elements per layer);
@@ -26,7 +26,7 @@ import torch
 
 from gravac import compressors
 from gravac.compressors import SelectContext, num_kept
-from gravac.train.models import build_model
+from gravac.models import build_model
 from timing import median_time as timed
 
 MODELS = {

@@ -69,7 +69,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:          # the gravac package of this checkout, as train.py uses
     sys.path.insert(0, str(REPO))
 
-from gravac.train.atomic import atomic_write_text  # noqa: E402
+from gravac.util.atomic import atomic_write_text  # noqa: E402
 
 TOP_KEYS = ("name", "np", "configs", "set", "grid", "baseline")
 ENTRY_KEYS = ("files", "set", "tag")

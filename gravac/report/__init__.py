@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 from typing import Sequence
 
-from ..train.atomic import atomic_write_text
+from ..util.atomic import atomic_write_text
 from .load import METRICS_FILE, Run, RunLoadError, load_run, load_runs
 from .plots import PLOTS, write_plots
 from .stats import (RunSummary, cf_shares, comm_saving, compression_throughput, speedup,

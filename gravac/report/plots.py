@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from ..train.atomic import atomic_savefig
+from ..util.atomic import atomic_savefig
 from .load import Run
 from .stats import cf_shares, compression_throughput, step_cf
 

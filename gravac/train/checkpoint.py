@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from .atomic import atomic_torch_save, atomic_write_text
+from ..util.atomic import atomic_torch_save, atomic_write_text
 
 LATEST = "latest.json"
 

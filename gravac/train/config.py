@@ -332,7 +332,7 @@ def validate(cfg: Config) -> None:
              "cannot be combined with run.elastic=true: Horovod Elastic is Horovod-only; use "
              "run.backend=horovod (or auto under horovodrun) or drop run.elastic")
 
-    from .models import MODEL_NAMES
+    from ..models import MODEL_NAMES
     _require(cfg.model.name in MODEL_NAMES, "model.name", cfg.model.name,
              f"must be one of {', '.join(MODEL_NAMES)}")
     _require(d.name in DATASETS, "data.name", d.name, f"must be one of {', '.join(DATASETS)}")

@@ -28,8 +28,8 @@ from ..comm import Comm
 from ..comm import init as init_comm
 from ..engine import STATE_KEY, StepStats, broadcast_optimizer_state, wrap_optimizer
 from ..engine.record import LOGGED_STATS
+from ..util.atomic import atomic_write_text
 from .checkpoint import latest_info, load_checkpoint, rng_state, save_checkpoint, set_rng_state
-from .atomic import atomic_write_text
 from .config import Config, ConfigError, build_controller, dump_yaml, to_dict
 from .monitor import METRICS, RunLogger, truncate_metrics
 from .tasks import build_task

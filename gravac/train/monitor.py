@@ -103,7 +103,7 @@ class RunLogger:
 
 def truncate_metrics(run_dir, step: int) -> None:
     """Drop records after ``step`` (a resumed run re-logs them), atomically."""
-    from .atomic import atomic_write_text
+    from ..util.atomic import atomic_write_text
 
     path = Path(run_dir) / METRICS
     if not path.is_file():

@@ -18,9 +18,9 @@ import math
 import torch
 import torch.nn.functional as F
 
-from . import data as D
+from .. import data as D
 from .config import Config, ConfigError
-from .models import build_model, detach_hidden
+from ..models import build_model, detach_hidden
 
 DATA_OPTIONS = {
     "digits": {"test_fraction": 0.2},

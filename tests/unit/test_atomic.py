@@ -4,7 +4,7 @@ import os
 import pytest
 import torch
 
-from gravac.train.atomic import atomic_torch_save, atomic_write_text
+from gravac.util.atomic import atomic_torch_save, atomic_write_text
 
 
 class Unpicklable:

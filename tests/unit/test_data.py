@@ -1,4 +1,4 @@
-"""gravac.train.data: CIFAR/PTB readers on tiny files, sharding, augmentation, digits, synthetic."""
+"""gravac.data: CIFAR/PTB readers on tiny files, sharding, augmentation, digits, synthetic."""
 import os
 import pickle
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from gravac.train.data import (CIFAR10_MEAN, CIFAR10_STD, CifarAugment, Normalize,
+from gravac.data import (CIFAR10_MEAN, CIFAR10_STD, CifarAugment, Normalize,
                                ShardedSampler, TensorBatches, batchify, cifar_transforms,
                                get_bptt_batch, load_cifar, load_digits_dataset, load_ptb,
                                shard_tokens, synthetic_images, synthetic_text)

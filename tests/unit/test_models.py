@@ -1,10 +1,10 @@
-"""Shapes, parameter counts and the registry of gravac.train.models (tiny inputs, 1 thread)."""
+"""Shapes, parameter counts and the registry of gravac.models (tiny inputs, 1 thread)."""
 import pytest
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from gravac.train.models import (MODEL_NAMES, LSTMLanguageModel, ResNet, SmallCNN, VGG,
+from gravac.models import (MODEL_NAMES, LSTMLanguageModel, ResNet, SmallCNN, VGG,
                                  build_model, detach_hidden, resnet18, resnet50, resnet101, vgg16)
 
 
@@ -104,7 +104,7 @@ def test_small_cnn_shapes_and_size():
 
 
 def test_small_cnn_learns_digits_quickly():
-    from gravac.train.data import load_digits_dataset
+    from gravac.data import load_digits_dataset
 
     torch.manual_seed(0)
     x, y = load_digits_dataset(train=True)

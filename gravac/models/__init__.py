@@ -1,0 +1,74 @@
+"""Models of the GraVAC experiments, written from scratch (no torchvision), one family per
+file (resnet.py, vgg.py, lstm.py, cnn.py); this module is the registry.
+
+* ``resnet18`` / ``resnet50`` / ``resnet101``: CIFAR-style ResNets (3x3 stem, no max-pool,
+  32x32 inputs).
+* ``vgg16``: the usual CIFAR VGG-16 (optionally with BatchNorm), classifier width
+  configurable so a benchmark can make the dense layers large.
+* ``LSTMLanguageModel``: the 2-layer LSTM language model of Zaremba et al. / the PyTorch
+  ``word_language_model`` example, with optional weight tying.
+* ``SmallCNN``: a tiny CNN for the demo on scikit-learn's 8x8 digits.
+* ``build_model(name, **kwargs)``: build any of the above by name.
+
+Example::
+
+    model = build_model("resnet18", num_classes=10)
+    logits = model(torch.randn(2, 3, 32, 32))          # [2, 10]
+"""
+from __future__ import annotations
+
+import inspect
+from typing import Callable
+
+from torch import nn
+
+from .cnn import SmallCNN, WideHeadCNN
+from .lstm import Hidden, LSTMLanguageModel, detach_hidden
+from .resnet import BasicBlock, Bottleneck, ResNet, resnet18, resnet50, resnet101
+from .vgg import VGG, VGG16_CFG, vgg16
+
+__all__ = ["BasicBlock", "Bottleneck", "ResNet", "resnet18", "resnet50", "resnet101",
+           "VGG", "VGG16_CFG", "vgg16", "LSTMLanguageModel", "Hidden", "detach_hidden",
+           "SmallCNN", "WideHeadCNN", "MODEL_NAMES", "build_model"]
+
+
+_REGISTRY: dict[str, Callable[..., nn.Module]] = {
+    "resnet18": resnet18,
+    "resnet50": resnet50,
+    "resnet101": resnet101,
+    "vgg16": vgg16,
+    "lstm": LSTMLanguageModel,
+    "small_cnn": SmallCNN,
+    "wide_head_cnn": WideHeadCNN,
+}
+
+#: Names accepted by ``build_model``.
+MODEL_NAMES: tuple[str, ...] = tuple(_REGISTRY)
+
+
+def build_model(name: str, **kwargs) -> nn.Module:
+    """Build a model by name; ``kwargs`` go to its constructor and are checked first.
+
+    Names: ``resnet18``, ``resnet50``, ``resnet101``, ``vgg16``, ``lstm``
+    (``LSTMLanguageModel``, needs ``vocab_size``), ``small_cnn``.
+
+    Example::
+
+        model = build_model("vgg16", num_classes=100, batch_norm=True)
+        lm = build_model("lstm", vocab_size=10000, embedding_dim=650, hidden_dim=650)
+    """
+    factory = _REGISTRY.get(name)
+    if factory is None:
+        raise ValueError(f"unknown model {name!r}; known models: {', '.join(MODEL_NAMES)}")
+    params = inspect.signature(factory).parameters
+    allowed = [p for p in params if p != "self"]
+    unknown = [k for k in kwargs if k not in params]
+    if unknown:
+        raise ValueError(f"model {name!r} got unknown argument(s) {', '.join(map(repr, unknown))}; "
+                         f"allowed: {', '.join(allowed)}")
+    missing = [p.name for p in params.values()
+               if p.default is inspect.Parameter.empty and p.name not in kwargs]
+    if missing:
+        raise ValueError(f"model {name!r} needs argument(s) {', '.join(missing)} "
+                         f"(e.g. build_model({name!r}, {missing[0]}=...))")
+    return factory(**kwargs)

@@ -1,0 +1,1 @@
+"""Small helpers shared across gravac (no training, no transport): atomic file writes."""
