@@ -6,7 +6,7 @@
 # Example: hvd_scripts/sweep.sh configs/sweeps/demo_sweep.yaml
 #          hvd_scripts/sweep.sh configs/sweeps/paper_resnet101.yaml --set data.root=data --dry-run
 #
-# The sweep file format and the results are described in hvd_scripts/sweep.py
+# The sweep file format and the results are described in gravac/sweep/__init__.py
 # (`hvd_scripts/sweep.sh --help`). Env: GRAVAC_VENV=/path/.venv (default: <repo>/.venv).
 set -euo pipefail
 

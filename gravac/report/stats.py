@@ -105,21 +105,25 @@ def time_at_step(run: Run, step: int) -> float | None:
     points = [(r["step"], r["time"]) for r in run.steps if r.get("time") is not None]
     if run.end is not None and run.end.get("time") is not None:
         points.append((run.end["step"], run.end["time"]))
-    return _interp(points, step)
+    return _interp(points, step, origin=True)
 
 
 def floats_at_step(run: Run, step: int) -> float | None:
     """cum_floats_sent at ``step`` (exact at a logged step, interpolated between them)."""
     return _interp([(r["step"], r["cum_floats_sent"]) for r in run.steps
-                    if r.get("cum_floats_sent") is not None], step)
+                    if r.get("cum_floats_sent") is not None], step, origin=True)
 
 
-def _interp(points: list[tuple[int, float]], step: int) -> float | None:
+def _interp(points: list[tuple[int, float]], step: int, origin: bool = False) -> float | None:
     # Step lines may be logged only every few steps: interpolating between the neighbours
     # is the best estimate in between; np.interp holds the end values beyond the ends.
+    # With ``origin`` the series is known to start at 0 at step 0 (training time and
+    # cumulative floats), which beats holding the first logged value before it.
     if not points:
         return None
     points.sort()
+    if origin and points[0][0] > 0:
+        points.insert(0, (0, 0.0))
     xs, ys = zip(*points)
     return float(np.interp(step, xs, ys))
 

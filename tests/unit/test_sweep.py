@@ -1,4 +1,4 @@
-"""hvd_scripts/sweep.py: grid expansion, baselines, the results table, errors, dry runs.
+"""gravac.sweep (hvd_scripts/sweep.py): grid expansion, baselines, the results table, errors, dry runs.
 
 No test here launches horovodrun: launching is replaced by a fake that writes metrics.
 """
@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import csv
-import importlib.util
 import io
 import json
 import pickle
@@ -23,15 +22,9 @@ REPO = Path(__file__).resolve().parents[2]
 SAFE = re.compile(r"^[A-Za-z0-9._+-]+$")
 
 
-def _load_sweep_module():
-    spec = importlib.util.spec_from_file_location("gravac_sweep", REPO / "hvd_scripts/sweep.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module           # dataclasses look their module up here
-    spec.loader.exec_module(module)
-    return module
-
-
-sw = _load_sweep_module()
+from gravac.sweep import results as swr      # noqa: E402  the results table
+from gravac.sweep import runner as swx       # noqa: E402  validation, launching, the CLI
+from gravac.sweep import spec as sws         # noqa: E402  the sweep file
 
 DENSE = "configs/compression/dense.yaml"
 TOPK10 = "configs/compression/static_topk_10x.yaml"
@@ -50,7 +43,7 @@ def sweep_dict(**changes) -> dict:
 
 # -- expansion ---------------------------------------------------------------------------------
 def test_grid_expands_to_unique_safe_names_first_axis_slowest():
-    runs = sw.expand(sw.parse_sweep(sweep_dict()))
+    runs = sws.expand(sws.parse_sweep(sweep_dict()))
     assert [r.name for r in runs] == [
         "t-dense-lr_0.05", "t-dense-lr_0.1", "t-static_topk_10x-lr_0.05",
         "t-static_topk_10x-lr_0.1", "t-gravac_w_20-lr_0.05", "t-gravac_w_20-lr_0.1"]
@@ -60,7 +53,7 @@ def test_grid_expands_to_unique_safe_names_first_axis_slowest():
 
 
 def test_overrides_merge_in_order_and_the_sweep_sets_name_and_output_dir(tmp_path):
-    runs = sw.expand(sw.parse_sweep(sweep_dict()))
+    runs = sws.expand(sws.parse_sweep(sweep_dict()))
     run = runs[5]                                           # gravac, lr 0.1
     assert run.files == ["configs/demo.yaml"]
     args = run.train_args(tmp_path, extra=[("data.batch_size", 8)])
@@ -72,8 +65,8 @@ def test_overrides_merge_in_order_and_the_sweep_sets_name_and_output_dir(tmp_pat
 
 
 def test_overrides_resolve_to_the_config_train_py_would_use(tmp_path):
-    runs = sw.expand(sw.parse_sweep(sweep_dict()))
-    configs, errors = sw.resolve_configs(runs, tmp_path, extra=[])
+    runs = sws.expand(sws.parse_sweep(sweep_dict()))
+    configs, errors = swx.resolve_configs(runs, tmp_path, extra=[])
     assert errors == []
     cfg = configs["t-gravac_w_20-lr_0.1"]
     assert (cfg.compression.controller, cfg.compression.gravac.window) == ("gravac", 20)
@@ -88,20 +81,20 @@ def test_overrides_resolve_to_the_config_train_py_would_use(tmp_path):
 def test_values_survive_the_set_command_line(value):
     from gravac.train.config import parse_override
 
-    assert parse_override(f"k={sw.format_value(value)}") == {"k": value}
+    assert parse_override(f"k={sws.format_value(value)}") == {"k": value}
 
 
 def test_shorthand_axis_over_one_key():
-    axis = sw.parse_axis("compression.compressor", ["topk", "dgc"])
+    axis = sws.parse_axis("compression.compressor", ["topk", "dgc"])
     assert [v.label for v in axis.values] == ["compressor_topk", "compressor_dgc"]
     assert axis.values[1].overrides == (("compression.compressor", "dgc"),)
-    milestones = sw.parse_axis("optimizer.lr_milestones", [[100, 200], [300]])
+    milestones = sws.parse_axis("optimizer.lr_milestones", [[100, 200], [300]])
     assert milestones.values[0].overrides == (("optimizer.lr_milestones", [100, 200]),)
     assert all(SAFE.match(v.label) for v in milestones.values)
 
 
 def test_entry_forms_and_labels():
-    axis = sw.parse_axis("c", [DENSE, [DENSE, TOPK10], {"set": {"compression.cf": 50}},
+    axis = sws.parse_axis("c", [DENSE, [DENSE, TOPK10], {"set": {"compression.cf": 50}},
                                {"files": [TOPK10], "set": {"run.seed": 3}}])
     assert [v.label for v in axis.values] == ["dense", "dense+static_topk_10x", "cf_50",
                                               "static_topk_10x_seed_3"]
@@ -109,40 +102,40 @@ def test_entry_forms_and_labels():
 
 
 def test_equal_derived_labels_are_made_unique_but_equal_tags_are_an_error():
-    axis = sw.parse_axis("c", [{"set": {"compression.cf": 10}}, {"set": {"compression.cf": 10}},
+    axis = sws.parse_axis("c", [{"set": {"compression.cf": 10}}, {"set": {"compression.cf": 10}},
                                {"files": [DENSE]}])
     assert [v.label for v in axis.values] == ["cf_10_0", "cf_10_1", "dense"]
-    with pytest.raises(sw.SweepError, match=r"grid\.c\[1\]\.tag: 'x' is already the tag of "
+    with pytest.raises(sws.SweepError, match=r"grid\.c\[1\]\.tag: 'x' is already the tag of "
                                             r"grid\.c\[0\]"):
-        sw.parse_axis("c", [{"files": [DENSE], "tag": "x"}, {"files": [TOPK10], "tag": "x"}])
+        sws.parse_axis("c", [{"files": [DENSE], "tag": "x"}, {"files": [TOPK10], "tag": "x"}])
 
 
 def test_long_names_are_shortened_with_a_hash():
-    name = sw.run_name("s", ["a" * 80, "b" * 80])
-    assert len(name) == sw.MAX_NAME and SAFE.match(name)
-    assert name != sw.run_name("s", ["a" * 80, "b" * 79 + "c"])
+    name = sws.run_name("s", ["a" * 80, "b" * 80])
+    assert len(name) == sws.MAX_NAME and SAFE.match(name)
+    assert name != sws.run_name("s", ["a" * 80, "b" * 79 + "c"])
 
 
 # -- baselines ---------------------------------------------------------------------------------
 def test_default_baseline_is_the_first_dense_run():
-    sweep = sw.parse_sweep(sweep_dict(grid={"compression": [{"files": [TOPK10]},
+    sweep = sws.parse_sweep(sweep_dict(grid={"compression": [{"files": [TOPK10]},
                                                             {"files": [DENSE]}]}))
-    runs = sw.expand(sweep)
+    runs = sws.expand(sweep)
     controllers = {"t-static_topk_10x": "static", "t-dense": "dense"}
-    assert sw.pick_baselines(sweep, runs, controllers) == {"t-static_topk_10x": "t-dense",
+    assert sws.pick_baselines(sweep, runs, controllers) == {"t-static_topk_10x": "t-dense",
                                                            "t-dense": "t-dense"}
     no_dense = {"t-static_topk_10x": "static", "t-dense": "static"}
-    assert set(sw.pick_baselines(sweep, runs, no_dense).values()) == {None}
+    assert set(sws.pick_baselines(sweep, runs, no_dense).values()) == {None}
 
 
 def test_baseline_mapping_fixes_the_named_axes_and_keeps_the_others():
-    sweep = sw.parse_sweep(sweep_dict(baseline={"compression": 0}))
-    baselines = sw.pick_baselines(sweep, sw.expand(sweep))
+    sweep = sws.parse_sweep(sweep_dict(baseline={"compression": 0}))
+    baselines = sws.pick_baselines(sweep, sws.expand(sweep))
     assert baselines["t-gravac_w_20-lr_0.1"] == "t-dense-lr_0.1"
     assert baselines["t-static_topk_10x-lr_0.05"] == "t-dense-lr_0.05"
-    by_label = sw.parse_sweep(sweep_dict(baseline={"compression": "static_topk_10x",
+    by_label = sws.parse_sweep(sweep_dict(baseline={"compression": "static_topk_10x",
                                                    "optimizer.lr": 0}))
-    assert set(sw.pick_baselines(by_label, sw.expand(by_label)).values()) == \
+    assert set(sws.pick_baselines(by_label, sws.expand(by_label)).values()) == \
         {"t-static_topk_10x-lr_0.05"}
 
 
@@ -153,8 +146,8 @@ def test_baseline_mapping_fixes_the_named_axes_and_keeps_the_others():
     ([0], r"baseline: expected a mapping axis -> index"),
 ])
 def test_bad_baselines_name_the_field(baseline, message):
-    with pytest.raises(sw.SweepError, match=message):
-        sw.parse_sweep(sweep_dict(baseline=baseline))
+    with pytest.raises(sws.SweepError, match=message):
+        sws.parse_sweep(sweep_dict(baseline=baseline))
 
 
 # -- invalid sweep files -------------------------------------------------------------------------
@@ -174,15 +167,15 @@ def test_bad_baselines_name_the_field(baseline, message):
     ({"set": {"run..steps": 1}}, r"set\.run\.\.steps: key 'run\.\.steps' must be a dotted path"),
 ])
 def test_invalid_sweep_files_name_the_field(changes, message):
-    with pytest.raises(sw.SweepError, match=message):
-        sw.parse_sweep(sweep_dict(**changes))
+    with pytest.raises(sws.SweepError, match=message):
+        sws.parse_sweep(sweep_dict(**changes))
 
 
 def test_invalid_sweep_file_on_the_command_line_exits_2_before_any_check(tmp_path, capsys):
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(sweep_dict(grid={"compression": []})))
     calls = []
-    assert sw.main([str(path), "--out", str(tmp_path / "out")], check=calls.append) == 2
+    assert swx.main([str(path), "--out", str(tmp_path / "out")], check=calls.append) == 2
     assert "sweep error: grid.compression: the axis is empty" in capsys.readouterr().err
     assert calls == [] and not (tmp_path / "out").exists()
 
@@ -190,15 +183,15 @@ def test_invalid_sweep_file_on_the_command_line_exits_2_before_any_check(tmp_pat
 def test_a_bad_run_config_stops_the_sweep_before_launching(tmp_path, capsys, monkeypatch):
     path = tmp_path / "s.yaml"
     path.write_text(yaml.safe_dump(sweep_dict(grid={"optimizer.lr": [0.1, -1.0]})))
-    monkeypatch.setattr(sw, "launch", lambda *a, **k: pytest.fail("launched"))
-    assert sw.main([str(path), "--out", str(tmp_path / "out")], check=lambda args: None) == 2
+    monkeypatch.setattr(swx, "launch", lambda *a, **k: pytest.fail("launched"))
+    assert swx.main([str(path), "--out", str(tmp_path / "out")], check=lambda args: None) == 2
     err = capsys.readouterr().err
     assert "run t-lr_-1.0: config error: optimizer.lr=-1.0: must be > 0" in err
     assert "nothing was launched" in err and not (tmp_path / "out").exists()
 
 
 def test_dry_run_check_reports_train_py_config_errors():
-    problem = sw.dry_run_check(["--config", "configs/demo.yaml", "--set", "run.steps=0"])
+    problem = swx.dry_run_check(["--config", "configs/demo.yaml", "--set", "run.steps=0"])
     assert problem == "config error: run.steps=0: must be >= 1"
 
 
@@ -232,12 +225,12 @@ FAKE_RUNS = {
 
 @pytest.fixture
 def fake_sweep(tmp_path):
-    sweep = sw.parse_sweep({"name": "t", "grid": {"c": [{"files": [DENSE], "tag": "dense"},
+    sweep = sws.parse_sweep({"name": "t", "grid": {"c": [{"files": [DENSE], "tag": "dense"},
                                                         {"files": [TOPK10], "tag": "topk"},
                                                         {"files": [TOPK10], "tag": "long"},
                                                         {"files": [TOPK10], "tag": "crash"},
                                                         {"files": [TOPK10], "tag": "later"}]}})
-    runs = sw.expand(sweep)
+    runs = sws.expand(sweep)
     for name, records in FAKE_RUNS.items():
         write_metrics(tmp_path / "runs" / name, records)
     status = {"t-dense": "ok", "t-topk": "ok", "t-long": "ok", "t-crash": "failed"}
@@ -248,7 +241,7 @@ def fake_sweep(tmp_path):
 
 def test_results_rows_exact_numbers(fake_sweep, tmp_path):
     sweep, runs, status, notes, baselines = fake_sweep
-    rows = {r["name"]: r for r in sw.results_rows(sweep, runs, tmp_path, status, notes, baselines)}
+    rows = {r["name"]: r for r in swr.results_rows(sweep, runs, tmp_path, status, notes, baselines)}
     assert rows["t-dense"] == {
         "name": "t-dense", "c": "dense", "status": "ok", "steps": 10, "wall_time_s": 20.0,
         "metric": "top1", "final_metric": 0.75, "floats_vs_dense": 1.0,
@@ -258,9 +251,13 @@ def test_results_rows_exact_numbers(fake_sweep, tmp_path):
     assert (topk["final_metric"], topk["floats_vs_dense"], topk["mean_samples_per_sec"]) == \
         (0.7, 0.1, 400.0)
     assert (topk["speedup"], topk["comm_saving"]) == (2.0, 10.0)
-    long = rows["t-long"]     # 1 s/step vs 2 s/step; 20 floats/step vs 100
+    # Twice as long: compared at step 10, the last step both reached, as the report does
+    # (gravac.report.stats). The long run logged only step 20 (19 s, 400 floats): from the
+    # origin that is 9.5 s and 200 floats at step 10, against dense's 20 s and 1000 floats.
+    long = rows["t-long"]
     assert (long["steps"], long["metric"], long["final_metric"]) == (20, "perplexity", 80.0)
-    assert (long["speedup"], long["comm_saving"], long["floats_vs_dense"]) == (2.0, 5.0, 0.2)
+    assert long["speedup"] == pytest.approx(20.0 / 9.5) and long["comm_saving"] == 5.0
+    assert long["floats_vs_dense"] == 0.2
     crash = rows["t-crash"]
     assert (crash["status"], crash["steps"], crash["wall_time_s"], crash["speedup"]) == \
         ("failed", 5, None, None)
@@ -272,7 +269,7 @@ def test_results_rows_exact_numbers(fake_sweep, tmp_path):
 def test_no_speedup_without_a_successful_baseline(fake_sweep, tmp_path):
     sweep, runs, status, notes, baselines = fake_sweep
     status = {**status, "t-dense": "failed"}
-    rows = sw.results_rows(sweep, runs, tmp_path, status, notes, baselines)
+    rows = swr.results_rows(sweep, runs, tmp_path, status, notes, baselines)
     assert all(r["speedup"] is None and r["comm_saving"] is None for r in rows)
 
 
@@ -280,15 +277,15 @@ def test_summarize_metrics_skips_a_torn_last_line(tmp_path):
     write_metrics(tmp_path, FAKE_RUNS["t-topk"])
     with open(tmp_path / "metrics.jsonl", "a") as f:
         f.write('{"kind": "step", "ste')
-    m = sw.summarize_metrics(sw.read_metrics(tmp_path))
+    m = swr.summarize_metrics(swr.read_metrics(tmp_path))
     assert (m.steps, m.wall_time, m.finished, m.floats_vs_dense) == (10, 10.0, True, 0.1)
-    assert sw.summarize_metrics(sw.read_metrics(tmp_path / "none")) == sw.RunMetrics()
+    assert swr.summarize_metrics(swr.read_metrics(tmp_path / "none")) == swr.RunMetrics()
 
 
 def test_results_csv_and_md_are_written(fake_sweep, tmp_path):
     sweep, runs, status, notes, baselines = fake_sweep
-    rows = sw.results_rows(sweep, runs, tmp_path, status, notes, baselines)
-    sw.write_results(sweep, rows, tmp_path)
+    rows = swr.results_rows(sweep, runs, tmp_path, status, notes, baselines)
+    swr.write_results(sweep, rows, tmp_path)
     with open(tmp_path / "results.csv", newline="") as f:
         table = list(csv.DictReader(f))
     assert list(table[0]) == ["name", "c", "status", "steps", "wall_time_s", "metric",
@@ -305,13 +302,13 @@ def test_results_csv_and_md_are_written(fake_sweep, tmp_path):
 
 
 def test_execute_records_failures_goes_on_and_keeps_results_current(tmp_path, monkeypatch, capsys):
-    sweep = sw.parse_sweep({"name": "t", "grid": {"c": [{"files": [DENSE], "tag": "dense"},
+    sweep = sws.parse_sweep({"name": "t", "grid": {"c": [{"files": [DENSE], "tag": "dense"},
                                                         {"files": [TOPK10], "tag": "bad"},
                                                         {"files": [TOPK10], "tag": "topk"}]}})
-    runs = sw.expand(sweep)
+    runs = sws.expand(sweep)
     seen = []
 
-    def fake_launch(command, log_path, repo=sw.REPO):
+    def fake_launch(command, log_path, repo=sws.REPO):
         name = command[-1].split("=", 1)[1]          # the last --set is run.name=...
         with open(tmp_path / "results.csv", newline="") as f:
             seen.append({r["name"]: r["status"] for r in csv.DictReader(f)})
@@ -323,9 +320,9 @@ def test_execute_records_failures_goes_on_and_keeps_results_current(tmp_path, mo
         return 0
 
     reports = []
-    monkeypatch.setattr(sw, "launch", fake_launch)
-    monkeypatch.setattr(sw, "run_report", lambda dirs, out, base: reports.append((dirs, out, base)) or True)
-    code = sw.execute(sweep, runs, tmp_path, [], {r.name: "t-dense" for r in runs}, "horovodrun")
+    monkeypatch.setattr(swx, "launch", fake_launch)
+    monkeypatch.setattr(swx, "run_report", lambda dirs, out, base: reports.append((dirs, out, base)) or True)
+    code = swx.execute(sweep, runs, tmp_path, [], {r.name: "t-dense" for r in runs}, "horovodrun", "horovodrun")
     assert code == 1
     assert seen[1] == {"t-dense": "ok", "t-bad": "running", "t-topk": "pending"}
     with open(tmp_path / "results.csv", newline="") as f:
@@ -335,14 +332,6 @@ def test_execute_records_failures_goes_on_and_keeps_results_current(tmp_path, mo
     assert float(final["t-topk"]["speedup"]) == 2.0
     assert reports == [([tmp_path / "runs/t-dense", tmp_path / "runs/t-topk"], tmp_path / "report",
                          tmp_path / "runs/t-dense")]
-
-
-def test_report_is_skipped_with_a_message_when_gravac_report_is_missing(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(sw, "report_available", lambda repo=sw.REPO: "ModuleNotFoundError: x")
-    monkeypatch.setattr(sw.subprocess, "run", lambda *a, **k: pytest.fail("report launched"))
-    assert sw.run_report([tmp_path / "a"], tmp_path / "report", None) is True
-    assert "skipping the report: `import gravac.report` failed (ModuleNotFoundError: x)" in \
-        capsys.readouterr().out
 
 
 # -- dry runs of the shipped sweep files ---------------------------------------------------------
@@ -383,7 +372,7 @@ def test_paper_sweep_validates_on_tiny_fake_data(tmp_path, monkeypatch, capsys):
             code = cli.main([*args, "--dry-run"])
         return None if code == 0 else err.getvalue().strip()
 
-    code = sw.main(["configs/sweeps/paper_resnet101.yaml", "--dry-run", "--out", str(tmp_path / "sw"),
+    code = swx.main(["configs/sweeps/paper_resnet101.yaml", "--dry-run", "--out", str(tmp_path / "sw"),
                     "--set", f"data.root={tmp_path / 'data'}"], check=check)
     out = capsys.readouterr().out
     assert code == 0, out

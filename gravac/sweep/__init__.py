@@ -1,0 +1,56 @@
+"""Run a grid of gravac trainings one after another and tabulate the results.
+
+Usage::
+
+    .venv/bin/python -m gravac.sweep SWEEP_FILE [--np N] [--dry-run] [--out DIR]
+                                 [--set KEY=VALUE ...] [--overwrite]
+                                 [--launcher horovodrun|torchrun]
+    (hvd_scripts/sweep.py is the same command)
+
+Examples::
+
+    .venv/bin/python -m gravac.sweep configs/sweeps/demo_sweep.yaml
+    .venv/bin/python -m gravac.sweep configs/sweeps/paper_resnet101.yaml --np 4 \\
+        --set data.root=/data/cifar --dry-run
+
+A sweep file is YAML::
+
+    name: demo_sweep            # results go to runs/sweeps/<name>/ unless --out
+    np: 2                       # ranks per run (--np overrides)
+    configs: [configs/demo.yaml]             # base config files for every run
+    set: {run.steps: 60}                     # overrides for every run (optional)
+    grid:                                    # cartesian product of the axes
+      compression:                           # an axis: a list of entries, each with
+        - {files: [configs/compression/dense.yaml]}       # files, set and/or tag
+        - {files: [configs/compression/static_topk_10x.yaml]}
+        - {set: {compression.controller: gravac, compression.gravac.window: 20}, tag: gravac_w20}
+      optimizer.lr: [0.05, 0.1]              # a dotted axis name: one key's values
+    baseline: {compression: 0}               # optional, axis -> index (or label)
+
+What a run gets: ``--config`` the base files, then each axis entry's ``files`` (axis
+order); ``--set`` the sweep's ``set``, then each axis entry's ``set`` (axis order, later
+wins), then the command line's ``--set``, then ``run.output_dir=<sweep dir>/runs`` and
+``run.name=<sweep name>-<axis labels joined by '-'>``. Relative config paths are
+relative to the repository root (where train.py is).
+
+The baseline of a run is the grid point with the ``baseline`` indices on the axes it
+names and the run's own indices on the others; without ``baseline`` it is the first run
+whose ``compression.controller`` is ``dense`` (if any).
+
+Before anything is launched every run is resolved and checked with ``train.py --dry-run``
+(plain python, no horovodrun); one bad run stops the sweep there, naming the run and the
+config error. Runs then go one after another under ``horovodrun --gloo`` (or, with
+``--launcher torchrun``, ``torchrun --standalone``) on this host; a
+failing run is recorded as failed and the sweep goes on. ``results.csv`` and
+``results.md`` in the sweep directory are rewritten (atomically) after every run, and at
+the end ``python -m gravac.report`` plots the successful runs into ``<sweep dir>/report``.
+Each run's console output is kept in ``<sweep dir>/logs/<run name>.log``.
+
+Exit status: 0 all runs succeeded (or the dry run found every run valid), 1 a run or the
+report failed, 2 the sweep file or a run's config is invalid, 130 interrupted.
+"""
+
+from .runner import main
+from .spec import Sweep, SweepError, expand, load_sweep, parse_sweep
+
+__all__ = ["Sweep", "SweepError", "expand", "load_sweep", "main", "parse_sweep"]

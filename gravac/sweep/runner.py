@@ -1,0 +1,332 @@
+"""Running a sweep: validate every run first, then launch them one after another under
+horovodrun or torchrun, keeping the results files current; the command line."""
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import yaml
+
+from ..util.atomic import atomic_write_text
+from .results import read_metrics, results_rows, summarize_metrics, write_results
+from .spec import (REPO, RunSpec, Sweep, SweepError, check_key, expand, load_sweep,
+                   pick_baselines)
+
+
+def resolve_configs(runs: Sequence[RunSpec], sweep_dir: Path, extra: Sequence[tuple[str, Any]],
+                    repo: Path = REPO) -> tuple[dict[str, Any], list[str]]:
+    """Load every run's config in this process (fast, no model built).
+
+    Returns (run name -> resolved ``Config``, ["run NAME: config error: ..." for bad runs]).
+    """
+    from gravac.train.config import ConfigError, load_config
+
+    configs, errors = {}, []
+    for run in runs:
+        files = [str(repo / f) for f in run.files]
+        args = run.train_args(sweep_dir, extra)
+        sets = [args[i + 1] for i, a in enumerate(args) if a == "--set"]
+        try:
+            configs[run.name] = load_config(files, sets)
+        except ConfigError as exc:
+            errors.append(f"run {run.name}: config error: {exc}")
+    return configs, errors
+
+
+def dry_run_check(train_args: list[str], repo: Path = REPO, timeout: float = 600) -> str | None:
+    """``python train.py ARGS --dry-run`` (no horovodrun): None if it passes, else the error.
+
+    Example::
+
+        dry_run_check(["--config", "configs/demo.yaml"])   # None
+    """
+    try:
+        proc = subprocess.run([sys.executable, str(repo / "train.py"), *train_args, "--dry-run"],
+                              cwd=repo, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return f"train.py --dry-run did not finish in {timeout:.0f}s"
+    if proc.returncode == 0:
+        return None
+    lines = [ln.strip() for ln in (proc.stderr + proc.stdout).splitlines() if ln.strip()]
+    errors = [ln for ln in lines if ln.startswith("config error:")]
+    return errors[-1] if errors else (lines[-1] if lines else f"exit code {proc.returncode}")
+
+
+def occupied(run_dir: Path) -> bool:
+    """Whether ``run_dir`` already holds a run (train.py refuses it without overwrite)."""
+    return (run_dir / "metrics.jsonl").exists() or (run_dir / "checkpoints").exists()
+
+
+def validate(runs: Sequence[RunSpec], sweep_dir: Path, extra: Sequence[tuple[str, Any]],
+             check: Callable[[list[str]], str | None] = dry_run_check,
+             existing_is_error: bool = True) -> tuple[dict[str, Any], list[str]]:
+    """Resolve every run, then check it with ``check`` (``train.py --dry-run``).
+
+    Returns (run name -> resolved config, error lines naming the run). A run directory that
+    already holds a run is an error unless the run sets ``run.overwrite`` (or, with
+    ``existing_is_error=False`` as in a dry run, a printed warning).
+    """
+    configs, errors = resolve_configs(runs, sweep_dir, extra)
+    for k, run in enumerate(runs, 1):
+        if run.name not in configs:
+            continue
+        print(f"  [{k}/{len(runs)}] train.py --dry-run {run.name} ...", end="", flush=True)
+        problem = check(run.train_args(sweep_dir, extra))
+        print(" ok" if problem is None else " INVALID", flush=True)
+        if problem is not None:
+            errors.append(f"run {run.name}: {problem}")
+            continue
+        run_dir = sweep_dir / "runs" / run.name
+        if occupied(run_dir) and not configs[run.name].run.overwrite:
+            message = (f"run {run.name}: {run_dir} already holds a run; pass --overwrite to "
+                       f"replace the sweep's runs, or --out to write elsewhere")
+            if existing_is_error:
+                errors.append(message)
+            else:
+                print(f"  warning: {message}")
+    return configs, errors
+
+
+# -- metrics and the results table -------------------------------------------------------------
+
+
+# -- launching ---------------------------------------------------------------------------------
+#: What launches a run's ranks; train.py finds out which one did (run.backend: auto).
+LAUNCHERS = ("horovodrun", "torchrun")
+
+
+def find_launcher(name: str, repo: Path = REPO) -> str | None:
+    """``.venv/bin/<name>`` of the repository if present, else the one on PATH."""
+    local = repo / ".venv" / "bin" / name
+    return str(local) if local.is_file() else shutil.which(name)
+
+
+def launch_command(launcher: str, path: str, np_: int, train_args: list[str]) -> list[str]:
+    """The command that runs train.py with ``train_args`` on ``np_`` local ranks.
+
+    Example::
+
+        launch_command("torchrun", "/r/.venv/bin/torchrun", 2, ["--config", "c.yaml"])
+    """
+    if launcher == "horovodrun":
+        return [path, "-np", str(np_), "-H", f"localhost:{np_}", "--gloo", sys.executable,
+                "train.py", *train_args]
+    return [path, "--standalone", "--nproc-per-node", str(np_), "train.py", *train_args]
+
+
+def launch(command: list[str], log_path: Path, repo: Path = REPO) -> int:
+    """Run ``command`` from the repository root, echoing its output to the console and to
+    ``log_path``; returns the exit status (KeyboardInterrupt stops the job, then re-raises)."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "w") as log:
+        log.write("$ " + " ".join(command) + "\n")
+        proc = subprocess.Popen(command, cwd=repo, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, errors="replace")
+        try:
+            for line in proc.stdout or ():
+                sys.stdout.write(line)
+                log.write(line)
+            return proc.wait()
+        except KeyboardInterrupt:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            raise
+
+
+def failure_note(log_path: Path, code: int) -> str:
+    """A short reason for a failed run: the last error-looking line of its log."""
+    try:
+        lines = [ln.strip() for ln in log_path.read_text(errors="replace").splitlines()
+                 if ln.strip()]
+    except OSError:
+        lines = []
+    errors = [ln for ln in lines[1:] if "error" in ln.lower()]
+    text = errors[-1] if errors else f"exit code {code}"
+    return (text[:197] + "...") if len(text) > 200 else text
+
+
+def run_report(run_dirs: Sequence[Path], out_dir: Path, baseline: Path | None,
+               repo: Path = REPO) -> bool:
+    """``python -m gravac.report RUN_DIR... --out OUT [--baseline DIR]``; False if it failed."""
+    command = [sys.executable, "-m", "gravac.report", *map(str, run_dirs), "--out", str(out_dir)]
+    if baseline is not None:
+        command += ["--baseline", str(baseline)]
+    print("$ " + " ".join(command), flush=True)
+    code = subprocess.run(command, cwd=repo).returncode
+    if code != 0:
+        print(f"the report failed (exit code {code}); the results table is still in "
+              f"{out_dir.parent}")
+    return code == 0
+
+
+# -- command line ------------------------------------------------------------------------------
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    def positive(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = 0
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+        return value
+
+    parser = argparse.ArgumentParser(
+        prog="python -m gravac.sweep",
+        description="Run a grid of gravac trainings and tabulate the results.",
+        epilog="Example: .venv/bin/python -m gravac.sweep configs/sweeps/demo_sweep.yaml\n"
+               "The sweep file format is described in gravac/sweep/__init__.py.",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("sweep_file", metavar="SWEEP_FILE", help="the sweep's YAML file")
+    parser.add_argument("--np", type=positive, default=None,
+                        help="ranks per run (default: the file's np, else 2)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="only validate every run and print the expanded runs")
+    parser.add_argument("--out", metavar="DIR", default=None,
+                        help="sweep directory (default: <repo>/runs/sweeps/<name>)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[],
+                        metavar="KEY=VALUE",
+                        help="extra override for every run, e.g. --set data.root=/data; "
+                             "repeatable; applied after the file's overrides")
+    parser.add_argument("--launcher", choices=LAUNCHERS, default="horovodrun",
+                        help="what starts each run's ranks (default: horovodrun); with "
+                             "torchrun the runs use torch.distributed, and a dense baseline "
+                             "is PyTorch DDP")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace runs left in the sweep directory by an earlier sweep")
+    return parser.parse_args(argv)
+
+
+def cli_overrides(texts: Sequence[str], overwrite: bool) -> list[tuple[str, Any]]:
+    """``--set KEY=VALUE`` texts as (key, YAML value) pairs (plus run.overwrite=true).
+
+    Example::
+
+        cli_overrides(["data.root=/data"], False)   # [('data.root', '/data')]
+    """
+    out = []
+    for text in texts:
+        key, sep, raw = text.partition("=")
+        if not sep:
+            raise SweepError(f"--set {text!r}: expected KEY=VALUE, e.g. data.root=/data")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else None
+        except yaml.YAMLError:
+            value = raw
+        out.append((check_key(f"--set {text!r}", key.strip()), value))
+    if overwrite:
+        out.append(("run.overwrite", True))
+    return out
+
+
+def describe(sweep: Sweep, runs: Sequence[RunSpec], sweep_dir: Path,
+             extra: Sequence[tuple[str, Any]], baselines: dict[str, str | None]) -> str:
+    """The expanded runs, one block each, as printed before validating."""
+    lines = [f"sweep {sweep.name}: {len(runs)} runs on {sweep.np} ranks each, results in "
+             f"{sweep_dir}"]
+    width = max(len(r.name) for r in runs)
+    for k, run in enumerate(runs, 1):
+        axes = "  ".join(f"{a}={v}" for a, v in run.labels.items())
+        base = baselines.get(run.name)
+        mark = "  (baseline)" if base == run.name else (f"  baseline: {base}" if base else "")
+        lines.append(f"  {k:>2}. {run.name:<{width}}  {axes}{mark}")
+        lines.append("      train.py " + " ".join(run.train_args(sweep_dir, extra)))
+    return "\n".join(lines)
+
+
+def execute(sweep: Sweep, runs: Sequence[RunSpec], sweep_dir: Path,
+            extra: Sequence[tuple[str, Any]], baselines: dict[str, str | None],
+            launcher: str, launcher_path: str) -> int:
+    """Launch the runs one after another, keeping the results files current; exit status."""
+    status = {r.name: "pending" for r in runs}
+    notes: dict[str, str] = {}
+
+    def save() -> None:
+        write_results(sweep, results_rows(sweep, runs, sweep_dir, status, notes, baselines),
+                      sweep_dir)
+
+    if sweep.source is not None:
+        atomic_write_text(sweep_dir / "sweep.yaml", sweep.source.read_text())
+    save()
+    for k, run in enumerate(runs, 1):
+        command = launch_command(launcher, launcher_path, sweep.np,
+                                 run.train_args(sweep_dir, extra))
+        print(f"\n=== [{k}/{len(runs)}] {run.name} ===\n$ {' '.join(command)}", flush=True)
+        log_path = sweep_dir / "logs" / f"{run.name}.log"
+        status[run.name] = "running"
+        save()
+        try:
+            code = launch(command, log_path)
+        except KeyboardInterrupt:
+            status[run.name], notes[run.name] = "interrupted", "stopped by Ctrl-C"
+            save()
+            print(f"\ninterrupted; partial results in {sweep_dir / 'results.md'}")
+            return 130
+        finished = summarize_metrics(read_metrics(sweep_dir / "runs" / run.name)).finished
+        if code == 0 and finished:
+            status[run.name] = "ok"
+        else:
+            status[run.name] = "failed"
+            notes[run.name] = failure_note(log_path, code) if code else \
+                "no run_end record in metrics.jsonl"
+            print(f"=== {run.name} FAILED: {notes[run.name]} (log: {log_path}) ===", flush=True)
+        save()
+    ok = [r for r in runs if status[r.name] == "ok"]
+    print(f"\nsweep {sweep.name}: {len(ok)} of {len(runs)} runs ok; results: "
+          f"{sweep_dir / 'results.md'}, {sweep_dir / 'results.csv'}")
+    report_ok = True
+    if ok:
+        base = baselines.get(runs[0].name)
+        base_dir = sweep_dir / "runs" / base if base and status.get(base) == "ok" else None
+        report_ok = run_report([sweep_dir / "runs" / r.name for r in ok], sweep_dir / "report",
+                               base_dir)
+    return 0 if len(ok) == len(runs) and report_ok else 1
+
+
+def main(argv: Sequence[str] | None = None,
+         check: Callable[[list[str]], str | None] = dry_run_check) -> int:
+    """Command-line entry point; returns the exit status (see the module docstring)."""
+    args = parse_args(argv)
+    try:
+        sweep = load_sweep(args.sweep_file)
+        extra = cli_overrides(args.overrides, args.overwrite)
+        if args.np is not None:
+            sweep.np = args.np
+        runs = expand(sweep)
+    except SweepError as exc:
+        print(f"sweep error: {exc}", file=sys.stderr)
+        return 2
+    sweep_dir = Path(args.out).expanduser().resolve() if args.out else \
+        REPO / "runs" / "sweeps" / sweep.name
+    launcher_path = find_launcher(args.launcher) or ""
+    if not args.dry_run and not launcher_path:
+        print(f"sweep error: {args.launcher} not found (neither .venv/bin/{args.launcher} nor on "
+              "PATH); run hvd_scripts/install.sh", file=sys.stderr)
+        return 2
+
+    print(f"validating {len(runs)} runs of sweep {sweep.name} (resolve + train.py --dry-run)")
+    configs, errors = validate(runs, sweep_dir, extra, check, existing_is_error=not args.dry_run)
+    controllers = {name: cfg.compression.controller for name, cfg in configs.items()}
+    baselines = pick_baselines(sweep, runs, controllers)
+    print(describe(sweep, runs, sweep_dir, extra, baselines))
+    if errors:
+        for line in errors:
+            print(f"sweep error: {line}", file=sys.stderr)
+        print(f"sweep error: {len(errors)} problem(s) in {len(runs)} runs; nothing was "
+              f"launched", file=sys.stderr)
+        return 2
+    if args.dry_run:
+        print(f"all {len(runs)} runs are valid (dry run: nothing launched)")
+        return 0
+    return execute(sweep, runs, sweep_dir, extra, baselines, args.launcher, launcher_path)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
