@@ -28,9 +28,11 @@ class Accordion(Controller):
     Args:
         low_cf: CF in critical regimes (>= 1; 1 = dense).
         high_cf: CF otherwise (>= low_cf).
-        switch_freq: intervals between comparisons (10 epochs for CNNs, 5 for LSTMs).
+        switch_freq: intervals between comparisons (10 epochs for CNNs, the default; 5 for
+            LSTMs).
         interval_steps: steps per accumulation interval; ``None`` means one epoch, and the
-            training loop calls ``end_interval()`` at the end of every epoch (on every rank).
+            training loop calls ``on_epoch_end()`` (or you ``end_interval()``) at the end of
+            every epoch, on every rank.
         eta: threshold η on the relative change of the norm (> 0).
 
     Example::
@@ -42,7 +44,7 @@ class Accordion(Controller):
             ctrl.end_interval()
     """
 
-    def __init__(self, low_cf: float, high_cf: float, switch_freq: int,
+    def __init__(self, low_cf: float = 10.0, high_cf: float = 1000.0, switch_freq: int = 10,
                  interval_steps: int | None = None, eta: float = 0.5):
         for name, value in (("low_cf", low_cf), ("high_cf", high_cf)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 1:

@@ -1,7 +1,8 @@
 """Command line of ``train.py``.
 
-    horovodrun -np N python train.py --config a.yaml [b.yaml ...] [--set key=value ...]
+    horovodrun -np N python train.py --config FILE [FILE ...] [--set key=value ...]
                                      [--dry-run] [--resume]
+    torchrun --nproc-per-node N train.py --config FILE [FILE ...] ...
 """
 from __future__ import annotations
 
@@ -15,17 +16,21 @@ Config files are YAML with the sections run, model, data, optimizer and compress
 later files and --set override earlier ones key by key. Examples:
 
   horovodrun -np 2 -H localhost:2 --gloo python train.py --config configs/demo.yaml
+  torchrun --standalone --nproc-per-node 2 train.py --config configs/demo.yaml
   python train.py --config configs/models/resnet101_cifar10.yaml \\
-      configs/compression/gravac_exp_dgc.yaml --set data.root=~/data --dry-run
+      configs/compression/gravac_exp_dgc_eps07.yaml --set data.root=~/data --dry-run
   python train.py --config configs/demo.yaml --set run.steps=2000 --resume
 
-Every key, its type and its default: gravac/train/config.py.
+The transport is the launcher's (run.backend: auto), or set run.backend=horovod|torch|local.
+Every key, its type and its default: gravac/train/config.py (the controllers' options:
+gravac/controllers/gravac.py and accordion.py).
 """
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="train.py", description="Train with gravac (adaptive gradient compression on Horovod).",
+        prog="train.py", description="Train with gravac (adaptive gradient compression on Horovod "
+                                     "or torch.distributed).",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", nargs="+", required=True, metavar="FILE",
                         help="YAML config files, merged left to right")

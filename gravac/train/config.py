@@ -8,7 +8,7 @@ line naming the key, the value and what is allowed.
 
 Example::
 
-    cfg = load_config(["configs/base.yaml", "configs/compression/gravac_exp.yaml"],
+    cfg = load_config(["configs/demo.yaml", "configs/compression/gravac_exp_topk.yaml"],
                       ["run.steps=200", "compression.gravac.window=50"])
     cfg.compression.gravac.window     # 50
     to_dict(cfg)                      # the resolved config, as saved with the run
@@ -16,7 +16,8 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-import math
+import inspect
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -24,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from ..controllers import Accordion, GraVAC, Static
 
 CONTROLLERS = ("dense", "static", "gravac", "accordion")
 DATASETS = ("digits", "cifar10", "cifar100", "ptb", "synthetic_images", "synthetic_text")
@@ -95,27 +98,30 @@ class OptimizerConfig:
     grad_clip: float | None = None
 
 
-@dataclass
-class GraVACConfig:
-    theta_min: float = 10.0
-    theta_max: float = 1000.0
-    epsilon: float = 0.7
-    omega: float = 0.01
-    window: int = 500
-    policy: str = "exponential"
-    alpha: float | None = None
-    dense_probe_steps: int = 0
-    # "gain" (ALGORITHM.md) or "epsilon": θmin also scales up when the candidate cleared ε.
-    scale_up: str = "gain"
+def options_of(component: type, name: str) -> type:
+    """A config section whose keys are ``component``'s constructor options, with the types
+    and defaults of its signature: the component owns its options, their defaults and
+    their range checks (its constructor raises ValueError; ``validate`` names the key).
+
+    Example::
+
+        GraVACConfig = options_of(GraVAC, "GraVACConfig")
+        GraVACConfig().window          # 500, GraVAC's own default
+    """
+    hints = typing.get_type_hints(component.__init__)
+    fields = []
+    for p in inspect.signature(component.__init__).parameters.values():
+        if p.name == "self":
+            continue
+        if p.default is inspect.Parameter.empty:
+            raise TypeError(f"{component.__name__}.{p.name} has no default: a config section "
+                            "needs one for every option")
+        fields.append((p.name, hints[p.name], field(default=p.default)))
+    return dataclasses.make_dataclass(name, fields)
 
 
-@dataclass
-class AccordionConfig:
-    low_cf: float = 10.0
-    high_cf: float = 1000.0
-    switch_freq: int = 10
-    interval_steps: int | None = None
-    eta: float = 0.5
+GraVACConfig = options_of(GraVAC, "GraVACConfig")
+AccordionConfig = options_of(Accordion, "AccordionConfig")
 
 
 @dataclass
@@ -124,7 +130,7 @@ class CompressionConfig:
     compressor: str = "topk"
     compressor_options: dict = field(default_factory=dict)
     min_compress_numel: int = 1024
-    cf: float = 100.0
+    cf: float = inspect.signature(Static).parameters["cf"].default
     horovod_compression: str = "none"
     # A NaN/Inf gradient on any rank: "skip" the step on every rank, or "raise" (stop).
     nonfinite: str = "skip"
@@ -380,24 +386,26 @@ def validate(cfg: Config) -> None:
         try:
             build_controller(c)
         except ValueError as exc:
-            raise ConfigError(f"compression.{c.controller}: {exc}") from None
+            raise ConfigError(_config_key_error(c.controller, str(exc))) from None
+
+
+def _config_key_error(controller: str, message: str) -> str:
+    """A controller's "GraVAC(window=0): window must be ..." as the config key it came from:
+    "compression.gravac.window=0: window must be ..." (static: "compression.cf=...")."""
+    match = re.match(r"^\w+\((\w+)=(.*?)\): (.*)$", message, re.S)
+    if match is None:
+        return f"compression.{controller}: {message}"
+    option, value, why = match.groups()
+    key = "compression.cf" if controller == "static" else f"compression.{controller}.{option}"
+    return f"{key}={value}: {why}"
 
 
 def build_controller(c: CompressionConfig):
     """The controller described by ``compression`` (None for plain Horovod ``dense``)."""
-    from ..controllers import Accordion, GraVAC, Static
-
     if c.controller == "dense":
         return None
     if c.controller == "static":
-        if isinstance(c.cf, bool) or not c.cf >= 1 or math.isnan(c.cf):
-            raise ValueError(f"cf={c.cf!r}: must be a number >= 1 (1 = dense)")
         return Static(cf=c.cf)
-    if c.controller == "gravac":
-        g = c.gravac
-        return GraVAC(theta_min=g.theta_min, theta_max=g.theta_max, epsilon=g.epsilon,
-                      omega=g.omega, window=g.window, policy=g.policy, alpha=g.alpha,
-                      dense_probe_steps=g.dense_probe_steps, scale_up=g.scale_up)
-    a = c.accordion
-    return Accordion(low_cf=a.low_cf, high_cf=a.high_cf, switch_freq=a.switch_freq,
-                     interval_steps=a.interval_steps, eta=a.eta)
+    options = c.gravac if c.controller == "gravac" else c.accordion
+    component = GraVAC if c.controller == "gravac" else Accordion
+    return component(**dataclasses.asdict(options))

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from gravac.train.config import ConfigError, load_config, parse_override
+from gravac.train.config import ConfigError, build_controller, load_config, parse_override
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -48,9 +48,9 @@ def test_set_parses_yaml_values_without_eval():
     (["run.steps=5", "compression.controller=magic"], "compression.controller='magic': must be one of"),
     (["run.steps=5", "compression.compressor=top_k"], "unknown compressor 'top_k'; known compressors"),
     (["run.steps=5", "compression.controller=gravac", "compression.gravac.omega=-1"],
-     "compression.gravac: GraVAC.omega=-1.0.: omega must be a number >= 0"),
+     "compression.gravac.omega=-1.0: omega must be a number >= 0"),
     (["run.steps=5", "compression.controller=static", "compression.cf=0.5"],
-     r"compression.static: cf=0.5: must be a number >= 1"),
+     r"compression.cf=0.5: cf must be a number >= 1"),
     (["run.steps=5", "compression.horovod_compression=fp16"], "applies to compression.controller=dense"),
     (["run.steps=5", "model.name=lstm"], "does not fit data.name='digits'"),
     (["run.steps=5", "data.name=cifar10", "model.name=resnet18"], "data.root=None: must point at"),
@@ -88,3 +88,37 @@ def test_cli_help_explains_every_option():
     assert proc.returncode == 0
     for option in ("--config", "--set", "--dry-run", "--resume"):
         assert option in proc.stdout
+
+
+def test_controller_sections_are_the_controllers_own_options():
+    # The config reads each controller's options, types and defaults from its constructor:
+    # a hand-written copy (which drifted before) would fail here.
+    import dataclasses
+    import inspect
+
+    from gravac.controllers import Accordion, GraVAC, Static
+    from gravac.train.config import AccordionConfig, CompressionConfig, GraVACConfig
+
+    for section, component in ((GraVACConfig, GraVAC), (AccordionConfig, Accordion)):
+        params = {n: p for n, p in inspect.signature(component).parameters.items()}
+        assert [f.name for f in dataclasses.fields(section)] == list(params)
+        assert {f.name: f.default for f in dataclasses.fields(section)} == \
+            {n: p.default for n, p in params.items()}
+    assert CompressionConfig().cf == inspect.signature(Static).parameters["cf"].default
+    cfg = load_config([str(REPO / "configs/demo.yaml")], ["compression.controller=accordion"])
+    assert build_controller(cfg.compression).describe() == Accordion().describe()
+
+
+def test_every_config_file_named_in_help_and_docstrings_exists():
+    # train.py --help and the config modules' examples are what a new user copies first.
+    import re
+
+    from gravac.train import cli, config
+
+    help_text = subprocess.run([sys.executable, "train.py", "--help"], cwd=REPO,
+                               capture_output=True, text=True, check=True).stdout
+    texts = [help_text, cli.__doc__, config.__doc__, (REPO / "train.py").read_text()]
+    named = {m for text in texts for m in re.findall(r"configs/[\w./-]+\.yaml", text)}
+    assert named, "the help should show at least one config file"
+    missing = sorted(p for p in named if not (REPO / p).is_file())
+    assert not missing, f"named but missing: {missing}"
