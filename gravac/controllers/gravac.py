@@ -1,4 +1,4 @@
-"""The GraVAC controller (Tyagi & Swany, IEEE CLOUD 2023; ALGORITHM.md, "made precise").
+"""The GraVAC controller (Tyagi & Swany, IEEE CLOUD 2023; docs/ALGORITHM.md §6).
 
 Per step it compares two compression levels of the same gradient: θmin and a candidate
 θc > θmin (multi-level: the optimizer compresses the θmin values further by θc/θmin).
@@ -8,7 +8,7 @@ evaluates: θmin scales up to θc when their gains are within ω, θc climbs the
 when the two best compression throughputs (T_sys · gain) are within ω the controller
 settles at the smaller of their CFs. The evaluation is broadcast so every rank adopts it.
 
-Points ALGORITHM.md leaves to the implementation, settled here:
+Points the paper leaves to the implementation, settled here (docs/ALGORITHM.md §7):
 
 * The first window is a warm-up at θmin only; its evaluation neither scales θmin nor
   advances θc (the candidate has not been measured yet), but records throughput.
@@ -20,8 +20,9 @@ Points ALGORITHM.md leaves to the implementation, settled here:
   the best compression throughput of all measured CFs, GraVAC settles on dense; and
   ``dense_probe_steps`` > 0 sends the last steps of the warm-up window dense so that dense
   throughput is measured at all (otherwise it is only measured when gains fall below ε).
-  The default 0 keeps ALGORITHM.md's warm-up (θmin only).
-* Extension ``scale_up="epsilon"`` (default ``"gain"``: ALGORITHM.md's rule): θmin also
+  The default 0 keeps the warm-up at θmin only (docs/ALGORITHM.md §8, E2 and E3).
+* Extension ``scale_up="epsilon"`` (default ``"gain"``: the paper's rule; docs/ALGORITHM.md
+  §8, E1): θmin also
   scales up to θc when the candidate's smoothed gain cleared ε at the window's end, i.e.
   when the candidate was what the step sent. With error feedback the gains of adjacent
   rungs often differ by more than ω (e.g. 0.93 at 10x, 0.88 at 20x) although both are
@@ -60,7 +61,7 @@ class GraVAC(Controller):
         policy: ladder of candidate CFs, ``"exponential"`` or ``"geometric"``.
         alpha: EWMA weight in (0, 1]; default clamp(N/100, 0.01, 1) for N ranks.
         dense_probe_steps: send the last steps of the warm-up window dense (extension).
-        scale_up: when θmin scales up to θc at a window's end: ``"gain"`` (ALGORITHM.md:
+        scale_up: when θmin scales up to θc at a window's end: ``"gain"`` (the paper:
             their gains are within ω) or ``"epsilon"`` (also when δc >= ε; extension).
 
     Example::
@@ -305,7 +306,7 @@ def saturation_point(table: dict, omega: float):
     """Where compression throughput saturates, or None while it still grows.
 
     The smaller CF of the two best compression throughputs when they are within ω
-    (ALGORITHM.md). Extension: when dense (CF 1) has the best compression throughput of all
+    (docs/ALGORITHM.md §6). Extension (§8, E3): when dense (CF 1) has the best compression throughput of all
     measured CFs, compression does not pay for itself (its speed-up is smaller than the
     gradient energy it drops, since every gain is <= 1), so the answer is dense.
 

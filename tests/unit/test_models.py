@@ -88,10 +88,15 @@ def test_lstm_tying_with_different_sizes_names_both():
         LSTMLanguageModel(40, embedding_dim=8, hidden_dim=12, tie_weights=True)
 
 
-def test_lstm_default_is_large_ptb_model():
-    model = LSTMLanguageModel(100)
-    assert model.encoder.embedding_dim == 1500 and model.hidden_dim == 1500
-    assert model.num_layers == 2 and model.drop.p == 0.65
+def test_lstm_default_is_the_papers_ptb_model_by_parameter_count():
+    # The paper's PTB model: 2 LSTM layers of 1500 units, 1500-wide embedding, 10k words,
+    # tied input/output embedding. Counted independently of the module's code:
+    # embedding V*E; per layer 4H*(in + H) weights + 2*4H biases; decoder bias V.
+    V, E, H = 10_000, 1500, 1500
+    expected = V * E + 4 * H * (E + H) + 8 * H + 4 * H * (H + H) + 8 * H + V
+    model = LSTMLanguageModel(V)
+    assert sum(p.numel() for p in model.parameters()) == expected
+    assert model.drop.p == 0.65
 
 
 def test_small_cnn_shapes_and_size():
