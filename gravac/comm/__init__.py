@@ -15,6 +15,7 @@ Example::
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 from typing import Mapping
 
@@ -26,7 +27,7 @@ BACKENDS = ("auto", "horovod", "torch", "local")
 
 def detect_backend(environ: Mapping[str, str] | None = None) -> str:
     """The launcher of this process: ``"torch"`` under torchrun, ``"horovod"`` under
-    horovodrun (or any process that can import Horovod), ``"local"`` otherwise.
+    horovodrun (or any process where Horovod is installed), ``"local"`` otherwise.
 
     >>> detect_backend({"TORCHELASTIC_RUN_ID": "x", "LOCAL_RANK": "0", "WORLD_SIZE": "2"})
     'torch'
@@ -38,11 +39,8 @@ def detect_backend(environ: Mapping[str, str] | None = None) -> str:
         return "horovod"
     if "TORCHELASTIC_RUN_ID" in env or ("LOCAL_RANK" in env and "WORLD_SIZE" in env):
         return "torch"
-    try:
-        import horovod.torch  # noqa: F401
-    except ImportError:
-        return "local"
-    return "horovod"
+    # Only whether Horovod is installed: importing horovod.torch would load its library.
+    return "horovod" if importlib.util.find_spec("horovod") is not None else "local"
 
 
 def init(backend: str = "auto") -> Comm:

@@ -59,21 +59,26 @@ class Comm(ABC):
 
     backend = "abstract"
 
-    @property
-    @abstractmethod
-    def rank(self) -> int: ...
+    def __init__(self, rank: int, size: int, local_rank: int, local_size: int):
+        # Fixed for the life of a Comm: a new set of ranks (an elastic reset) is a new Comm.
+        self._rank, self._size = rank, size
+        self._local_rank, self._local_size = local_rank, local_size
 
     @property
-    @abstractmethod
-    def size(self) -> int: ...
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def size(self) -> int:
+        return self._size
 
     @property
     def local_rank(self) -> int:
-        return self.rank
+        return self._local_rank
 
     @property
     def local_size(self) -> int:
-        return self.size
+        return self._local_size
 
     # -- tensors ---------------------------------------------------------------------------
     @abstractmethod

@@ -38,24 +38,10 @@ class HorovodComm(Comm):
 
     def __init__(self, process_set=None):
         self.process_set = process_set or hvd.global_process_set
-        self._rank = self.process_set.rank()
-        self._size = self.process_set.size()
-
-    @property
-    def rank(self) -> int:
-        return self._rank
-
-    @property
-    def size(self) -> int:
-        return self._size
-
-    @property
-    def local_rank(self) -> int:
-        return hvd.local_rank() if self.process_set is hvd.global_process_set else self._rank
-
-    @property
-    def local_size(self) -> int:
-        return hvd.local_size() if self.process_set is hvd.global_process_set else self._size
+        world = self.process_set is hvd.global_process_set
+        rank, size = self.process_set.rank(), self.process_set.size()
+        super().__init__(rank, size, hvd.local_rank() if world else rank,
+                         hvd.local_size() if world else size)
 
     def allreduce_async(self, tensor, op, name) -> Handle:
         return _HorovodHandle(hvd.allreduce_async(tensor, op=_OPS[check_op(op)], name=name,

@@ -20,13 +20,8 @@ class LocalComm(Comm):
 
     backend = "local"
 
-    @property
-    def rank(self) -> int:
-        return 0
-
-    @property
-    def size(self) -> int:
-        return 1
+    def __init__(self):
+        super().__init__(rank=0, size=1, local_rank=0, local_size=1)
 
     def allreduce_async(self, tensor, op, name) -> Handle:
         check_op(op)

@@ -44,32 +44,15 @@ class TorchDistComm(Comm):
                                "call torch.distributed.init_process_group (or gravac.comm.init"
                                "('torch')) first")
         self.group = group
-        self._rank = dist.get_rank(group)
-        self._size = dist.get_world_size(group)
+        rank, size = dist.get_rank(group), dist.get_world_size(group)
         if local_rank is None:
             # torchrun tells each process its place on the host.
-            local_rank = int(os.environ.get("LOCAL_RANK", self._rank))
-            local_size = int(os.environ.get("LOCAL_WORLD_SIZE", self._size))
-        self._local_rank, self._local_size = local_rank, local_size
+            local_rank = int(os.environ.get("LOCAL_RANK", rank))
+            local_size = int(os.environ.get("LOCAL_WORLD_SIZE", size))
+        super().__init__(rank, size, local_rank, local_size)
         self._nccl = dist.get_backend(group) == "nccl"
         self._wire_device = (torch.device("cuda", torch.cuda.current_device()) if self._nccl
                              else torch.device("cpu"))
-
-    @property
-    def rank(self) -> int:
-        return self._rank
-
-    @property
-    def size(self) -> int:
-        return self._size
-
-    @property
-    def local_rank(self) -> int:
-        return self._local_rank
-
-    @property
-    def local_size(self) -> int:
-        return self._local_size
 
     def _global(self, rank: int) -> int:
         return rank if self.group is None else dist.get_global_rank(self.group, rank)

@@ -1,93 +1,39 @@
-"""The results table of a sweep: one row per run, read from the run directories; speedup
-and communication saving are the report's definitions (``gravac.report.stats``)."""
+"""The results table of a sweep: one row per run, read from the run directories. Every
+number in a row is the report's (``gravac.report.stats.summarize``), so the sweep's table
+and the report of the same runs cannot disagree."""
 from __future__ import annotations
 
 import csv
 import io
-import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..engine.record import METRICS_FILE
-from ..report import RunLoadError, load_run
-from ..report.stats import comm_saving, speedup
+from ..report import Run, RunLoadError, RunSummary, load_run
+from ..report.stats import summarize
 from ..util.atomic import atomic_write_text
 from .spec import FIXED_COLUMNS, RunSpec, Sweep
 
-
-def read_metrics(run_dir: Path) -> list[dict]:
-    """The records of ``run_dir/metrics.jsonl`` (missing file: []; a torn line is skipped)."""
-    path = Path(run_dir) / METRICS_FILE
-    if not path.is_file():
-        return []
-    records = []
-    for line in path.read_text(errors="replace").splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(record, dict):
-            records.append(record)
-    return records
+# Row columns filled from the report's RunSummary field of the same meaning.
+_SUMMARY_COLUMNS = {"steps": "steps", "wall_time_s": "wall_time", "metric": "metric",
+                    "final_metric": "final_metric", "floats_vs_dense": "floats_vs_dense",
+                    "mean_samples_per_sec": "mean_samples_per_sec", "speedup": "speedup",
+                    "comm_saving": "comm_saving"}
 
 
-@dataclass
-class RunMetrics:
-    """What the results table needs from one run's metrics.jsonl (None: not logged)."""
-
-    steps: int | None = None
-    wall_time: float | None = None
-    metric: str | None = None
-    final_metric: float | None = None
-    floats_vs_dense: float | None = None
-    floats_per_step: float | None = None
-    mean_samples_per_sec: float | None = None
-    finished: bool = False
-
-
-def summarize_metrics(records: Sequence[dict]) -> RunMetrics:
-    """Steps, wall time (run_end), final metric (last eval: top1, else perplexity), share of
-    dense traffic (last cum_floats_sent / cum_dense_floats) and mean samples/s.
-
-    Example::
-
-        summarize_metrics(read_metrics(Path("runs/sweeps/demo_sweep/runs/demo_sweep-dense")))
-    """
-    steps = [r for r in records if r.get("kind") == "step"]
-    evals = [r for r in records if r.get("kind") == "eval"]
-    end = next((r for r in reversed(records) if r.get("kind") == "run_end"), None)
-    out = RunMetrics(finished=end is not None)
-    if end is not None:
-        out.steps, out.wall_time = end.get("step"), end.get("time")
-    elif steps:
-        out.steps = steps[-1].get("step")
-    for rec in reversed(evals):
-        name = "top1" if rec.get("top1") is not None else \
-            "perplexity" if rec.get("perplexity") is not None else None
-        if name:
-            out.metric, out.final_metric = name, float(rec[name])
-            break
-    for rec in reversed(steps):
-        sent, dense, step = rec.get("cum_floats_sent"), rec.get("cum_dense_floats"), rec.get("step")
-        if sent is not None and dense is not None:
-            out.floats_vs_dense = sent / dense if dense > 0 else None
-            out.floats_per_step = sent / step if step else None
-            break
-    rates = [r["samples_per_sec"] for r in steps if r.get("samples_per_sec") is not None]
-    out.mean_samples_per_sec = sum(rates) / len(rates) if rates else None
-    return out
-
-
-def compare(run_dir: Path, baseline_dir: Path) -> tuple[float | None, float | None, str]:
-    """(speedup, communication saving, problem) of a run against its baseline, exactly as
-    the report computes them (``gravac.report.stats``): wall time and cumulative floats
-    sent at the last step both runs reached."""
+def finished(run_dir: Path) -> bool:
+    """Whether ``run_dir/metrics.jsonl`` can be read and has the trainer's run_end record."""
     try:
-        run, base = load_run(run_dir), load_run(baseline_dir)
-    except RunLoadError as exc:
-        return None, None, f"not compared: {exc}"
-    return speedup(run, base), comm_saving(run, base), ""
+        return load_run(run_dir).end is not None
+    except RunLoadError:
+        return False
+
+
+def _summary_note(summary: RunSummary) -> str:
+    if summary.not_comparable:
+        return f"not compared: {summary.not_comparable}"
+    if summary.compared_at is not None:
+        return f"speedup and comm_saving at step {summary.compared_at}, the last both reached"
+    return ""
 
 
 def results_rows(sweep: Sweep, runs: Sequence[RunSpec], sweep_dir: Path,
@@ -95,29 +41,40 @@ def results_rows(sweep: Sweep, runs: Sequence[RunSpec], sweep_dir: Path,
                  baselines: dict[str, str | None]) -> list[dict[str, Any]]:
     """One row per run (columns: ``columns(sweep)``), read from the run directories.
 
+    Speedup and communication saving are filled in only when the run and its baseline
+    both finished ("ok"); a run's own note (e.g. why it failed) wins over the report's.
+
     Example::
 
         rows = results_rows(sweep, runs, Path("/tmp/sw"), {"s-dense": "ok"}, {}, baselines)
     """
-    metrics = {r.name: summarize_metrics(read_metrics(sweep_dir / "runs" / r.name))
-               if status.get(r.name, "pending") != "pending" else RunMetrics() for r in runs}
+    loaded: dict[str, Run | str] = {}   # run name -> Run, or why it could not be read
+
+    def load(name: str) -> Run | str:
+        if name not in loaded:
+            try:
+                loaded[name] = load_run(sweep_dir / "runs" / name)
+            except RunLoadError as exc:
+                loaded[name] = str(exc)
+        return loaded[name]
+
     rows = []
     for run in runs:
-        m, base_name = metrics[run.name], baselines.get(run.name)
-        ok = status.get(run.name) == "ok"
-        base_ok = bool(base_name) and status.get(base_name) == "ok"
-        gain = saving = None
+        state, base_name = status.get(run.name, "pending"), baselines.get(run.name)
         note = notes.get(run.name, "")
-        if ok and base_ok:
-            gain, saving, problem = compare(sweep_dir / "runs" / run.name,
-                                            sweep_dir / "runs" / base_name)
-            note = note or problem
-        rows.append({"name": run.name, **run.labels,
-                     "status": status.get(run.name, "pending"), "steps": m.steps,
-                     "wall_time_s": m.wall_time, "metric": m.metric,
-                     "final_metric": m.final_metric, "floats_vs_dense": m.floats_vs_dense,
-                     "mean_samples_per_sec": m.mean_samples_per_sec,
-                     "speedup": gain, "comm_saving": saving,
+        values: dict[str, Any] = dict.fromkeys(_SUMMARY_COLUMNS)
+        mine = load(run.name) if state != "pending" else None
+        if isinstance(mine, Run):
+            base = load(base_name) if state == "ok" and base_name and \
+                status.get(base_name) == "ok" else None
+            summary = summarize(mine, base if isinstance(base, Run) else None)
+            values = {col: getattr(summary, field) for col, field in _SUMMARY_COLUMNS.items()}
+            note = note or _summary_note(summary) or \
+                (f"not compared: {base}" if isinstance(base, str) else "")
+        elif isinstance(mine, str) and state != "running":
+            # A running run may simply not have logged yet; anything else is worth saying.
+            note = note or f"metrics not read: {mine}"
+        rows.append({"name": run.name, **run.labels, "status": state, **values,
                      "baseline": base_name, "note": note})
     return rows
 
@@ -164,8 +121,8 @@ def to_markdown(sweep: Sweep, rows: Sequence[dict], cols: Sequence[str]) -> str:
              f"{len(rows)} runs on {sweep.np} ranks: {done} ok, {failed} failed, "
              f"{len(rows) - done - failed} pending or running. speedup = baseline wall time / "
              f"the run's, comm_saving = baseline floats sent / the run's, both at the last step "
-             f"both reached (as gravac.report computes them); floats_vs_dense = share of dense "
-             f"traffic sent.", "",
+             f"both reached; floats_vs_dense = share of dense traffic sent; every number as "
+             f"gravac.report computes it.", "",
              "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for row in rows:
         lines.append("| " + " | ".join(_md_cell(c, row.get(c)) for c in cols) + " |")

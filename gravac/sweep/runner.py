@@ -12,7 +12,7 @@ from typing import Any, Callable, Sequence
 import yaml
 
 from ..util.atomic import atomic_write_text
-from .results import read_metrics, results_rows, summarize_metrics, write_results
+from .results import finished, results_rows, write_results
 from .spec import (REPO, RunSpec, Sweep, SweepError, check_key, expand, load_sweep,
                    pick_baselines)
 
@@ -269,8 +269,7 @@ def execute(sweep: Sweep, runs: Sequence[RunSpec], sweep_dir: Path,
             save()
             print(f"\ninterrupted; partial results in {sweep_dir / 'results.md'}")
             return 130
-        finished = summarize_metrics(read_metrics(sweep_dir / "runs" / run.name)).finished
-        if code == 0 and finished:
+        if code == 0 and finished(sweep_dir / "runs" / run.name):
             status[run.name] = "ok"
         else:
             status[run.name] = "failed"
