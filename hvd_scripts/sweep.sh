@@ -2,7 +2,8 @@
 # Run a sweep (a grid of trainings, one after another, with a results table and report):
 # a thin wrapper that runs hvd_scripts/sweep.py with the repository's virtual environment.
 #
-# Usage:   hvd_scripts/sweep.sh SWEEP_FILE [--np N] [--dry-run] [--out DIR] [--set KEY=VALUE ...] [--overwrite]
+# Usage:   hvd_scripts/sweep.sh SWEEP_FILE [--np N] [--dry-run] [--out DIR] [--set KEY=VALUE ...]
+#                                       [--overwrite] [--launcher horovodrun|torchrun]
 # Example: hvd_scripts/sweep.sh configs/sweeps/demo_sweep.yaml
 #          hvd_scripts/sweep.sh configs/sweeps/paper_resnet101.yaml --set data.root=data --dry-run
 #

@@ -257,10 +257,12 @@ def test_results_rows_exact_numbers(fake_sweep, tmp_path):
     long = rows["t-long"]
     assert (long["steps"], long["metric"], long["final_metric"]) == (20, "perplexity", 80.0)
     assert long["speedup"] == pytest.approx(20.0 / 9.5) and long["comm_saving"] == 5.0
-    assert long["floats_vs_dense"] == 0.2
+    assert long["floats_vs_dense"] == 0.2 and "at step 10" in long["note"]
+    # A run that stopped early: the report's wall time is its last timed record, and it is
+    # not compared (its baseline finished, it did not).
     crash = rows["t-crash"]
     assert (crash["status"], crash["steps"], crash["wall_time_s"], crash["speedup"]) == \
-        ("failed", 5, None, None)
+        ("failed", 5, 4.0, None)
     assert crash["floats_vs_dense"] == 0.1 and crash["note"] == "RuntimeError: boom | bang"
     later = rows["t-later"]
     assert later["status"] == "pending" and later["steps"] is None and later["speedup"] is None
@@ -273,13 +275,49 @@ def test_no_speedup_without_a_successful_baseline(fake_sweep, tmp_path):
     assert all(r["speedup"] is None and r["comm_saving"] is None for r in rows)
 
 
-def test_summarize_metrics_skips_a_torn_last_line(tmp_path):
+def test_the_table_is_the_reports_summary(fake_sweep, tmp_path):
+    from gravac.report import load_run
+    from gravac.report.stats import summarize
+    sweep, runs, status, notes, baselines = fake_sweep
+    rows = {r["name"]: r for r in swr.results_rows(sweep, runs, tmp_path, status, notes, baselines)}
+    base = load_run(tmp_path / "runs" / "t-dense")
+    for name in ("t-dense", "t-topk", "t-long"):
+        s = summarize(load_run(tmp_path / "runs" / name), base)
+        row = rows[name]
+        assert (row["steps"], row["wall_time_s"], row["metric"], row["final_metric"],
+                row["floats_vs_dense"], row["mean_samples_per_sec"], row["speedup"],
+                row["comm_saving"]) == (s.steps, s.wall_time, s.metric, s.final_metric,
+                                        s.floats_vs_dense, s.mean_samples_per_sec,
+                                        s.speedup, s.comm_saving)
+
+
+def test_a_run_of_another_model_than_its_baseline_is_not_compared(fake_sweep, tmp_path):
+    sweep, runs, status, notes, baselines = fake_sweep
+    path = tmp_path / "runs" / "t-topk" / "metrics.jsonl"
+    write_metrics(path.parent, [{"kind": "run_start", "controller": "static", "model": "vgg16"}]
+                  + FAKE_RUNS["t-topk"][1:])
+    write_metrics(tmp_path / "runs" / "t-dense", [{"kind": "run_start", "controller": "dense",
+                                                   "model": "resnet18"}]
+                  + FAKE_RUNS["t-dense"][1:])
+    topk = swr.results_rows(sweep, runs, tmp_path, status, notes, baselines)[1]
+    assert (topk["speedup"], topk["comm_saving"]) == (None, None)
+    assert topk["note"].startswith("not compared: model vgg16 differs")
+
+
+def test_finished_needs_run_end_and_skips_a_torn_last_line(tmp_path):
     write_metrics(tmp_path, FAKE_RUNS["t-topk"])
     with open(tmp_path / "metrics.jsonl", "a") as f:
         f.write('{"kind": "step", "ste')
-    m = swr.summarize_metrics(swr.read_metrics(tmp_path))
-    assert (m.steps, m.wall_time, m.finished, m.floats_vs_dense) == (10, 10.0, True, 0.1)
-    assert swr.summarize_metrics(swr.read_metrics(tmp_path / "none")) == swr.RunMetrics()
+    assert swr.finished(tmp_path)
+    write_metrics(tmp_path / "crash", FAKE_RUNS["t-crash"])
+    assert not swr.finished(tmp_path / "crash") and not swr.finished(tmp_path / "none")
+
+
+def test_unreadable_metrics_are_noted_not_fatal(fake_sweep, tmp_path):
+    sweep, runs, status, notes, baselines = fake_sweep
+    (tmp_path / "runs" / "t-topk" / "metrics.jsonl").write_text('{"kind": "step"\n{}\n')
+    topk = swr.results_rows(sweep, runs, tmp_path, status, notes, baselines)[1]
+    assert topk["steps"] is None and topk["note"].startswith("metrics not read: ")
 
 
 def test_results_csv_and_md_are_written(fake_sweep, tmp_path):
@@ -293,7 +331,7 @@ def test_results_csv_and_md_are_written(fake_sweep, tmp_path):
                               "speedup", "comm_saving", "baseline", "note"]
     assert [r["name"] for r in table] == [r.name for r in runs]
     assert float(table[1]["speedup"]) == 2.0 and float(table[1]["comm_saving"]) == 10.0
-    assert table[3]["wall_time_s"] == "" and table[4]["status"] == "pending"
+    assert table[3]["speedup"] == "" and table[4]["status"] == "pending"
     md = (tmp_path / "results.md").read_text()
     assert md.startswith("# Sweep t\n") and "5 runs on 2 ranks: 3 ok, 1 failed, 1 pending" in md
     assert "| t-topk | topk | ok | 10 | 10.00 | top1 | 0.7 | 0.1 | 400.0 | 2.00x | 10.00x |" in md
