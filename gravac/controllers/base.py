@@ -20,6 +20,8 @@ from typing import Any, Mapping, Protocol
 import torch
 
 SENT_CANDIDATE, SENT_MIN, SENT_DENSE = "candidate", "min", "dense"
+#: How a compression level's gain is measured (docs/ALGORITHM.md §7, "gain measure").
+GAIN_MEASURES = ("energy", "norm")
 
 
 class Sync(Protocol):
@@ -50,12 +52,16 @@ class StepPlan:
     theta_c: candidate CF evaluated by multi-level compression, or None.
     layer_cf: per-layer first-level CFs overriding theta_min (Accordion), or None.
     needs_gains: the optimizer must compute and agree on gains for ``decide``.
+    gain_measure: how gains are measured (``GAIN_MEASURES``): ``"energy"``,
+        Σ‖g_c‖² / Σ‖g_ef‖² (the paper's Algorithm 1), or ``"norm"``, Σ‖g_c‖ / Σ‖g‖ over
+        layers with the raw gradient g (no residual) below (the authors' public code).
     """
 
     theta_min: float
     theta_c: float | None = None
     layer_cf: Mapping[str, float] | None = None
     needs_gains: bool = False
+    gain_measure: str = "energy"
 
     def cf_of(self, name: str) -> float:
         if self.layer_cf is not None and name in self.layer_cf:

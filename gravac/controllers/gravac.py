@@ -4,41 +4,42 @@ Per step it compares two compression levels of the same gradient: θmin and a ca
 θc > θmin (multi-level: the optimizer compresses the θmin values further by θc/θmin).
 With the EWMA-smoothed whole-model gains δmin, δc, agreed across ranks, it sends the
 candidate if δc ≥ ε, else θmin if δmin ≥ ε, else dense. Every ``window`` steps rank 0
-evaluates: θmin scales up to θc when their gains are within ω, θc climbs the ladder, and
-when the two best compression throughputs (T_sys · gain) are within ω the controller
-settles at the smaller of their CFs. The evaluation is broadcast so every rank adopts it.
+evaluates (the paper's CheckGraVAC): θmin scales up to θc when their gains are within ω,
+θc climbs the ladder, and when the two best compression throughputs (T_sys · gain) are
+within ω, θc becomes θideal, the smaller of their CFs. The evaluation runs every window on
+the current table, so its answer follows the table: nothing is final. It is broadcast so
+every rank adopts it.
 
-Points the paper leaves to the implementation, settled here (docs/ALGORITHM.md §7):
+``GraVAC()`` with default arguments is the paper's Algorithm 1. Points the paper leaves
+open are settled in docs/ALGORITHM.md §7: δc restarts when θc moves; when θmin scales up
+to θc, δmin continues from δc; T_compress uses the smoothed gain of what was sent (1 for
+dense); a dense step's t_iter excludes the compression it threw away (the optimizer does
+that); θideal is always a CF of the ladder (dense is reached per step through ε).
 
-* The first window is a warm-up at θmin only; its evaluation neither scales θmin nor
-  advances θc (the candidate has not been measured yet), but records throughput.
-* When θc changes, δc restarts (its first new sample is taken as is); when θmin scales
-  up to θc, δmin continues from δc (the same CF was being measured).
-* T_compress uses the smoothed gain of what was sent (δc, δmin, or 1 for dense).
-* Once settled, CFs stay fixed; the per-step ε rule still falls back to θmin or dense.
-* Extensions (issue 5: on a fast link GraVAC must not slow training down): when dense has
-  the best compression throughput of all measured CFs, GraVAC settles on dense; and
-  ``dense_probe_steps`` > 0 sends the last steps of the warm-up window dense so that dense
-  throughput is measured at all (otherwise it is only measured when gains fall below ε).
-  The default 0 keeps the warm-up at θmin only (docs/ALGORITHM.md §8, E2 and E3).
-* Extension ``scale_up="epsilon"`` (default ``"gain"``: the paper's rule; docs/ALGORITHM.md
-  §8, E1): θmin also
-  scales up to θc when the candidate's smoothed gain cleared ε at the window's end, i.e.
-  when the candidate was what the step sent. With error feedback the gains of adjacent
-  rungs often differ by more than ω (e.g. 0.93 at 10x, 0.88 at 20x) although both are
-  well above ε; the spec's rule then keeps θmin at θmin₀ for good, every step pays the
-  first-level compression at θmin₀ (on CPU the most expensive part), and once θc has
-  climbed past what the gradients bear the fallback is θmin₀ instead of the last
-  candidate that was sent. With this rule, a scale-up also drops the throughputs of CFs
-  below the new θmin from the table (measured with another first-level cost; the
-  saturation rule would otherwise settle back on them). Measured in docs/BENCHMARKS.md.
+Extensions, each opt-in and measured in docs/BENCHMARKS.md (docs/ALGORITHM.md §8):
+
+* ``scale_up="epsilon"`` (E1): θmin also scales up to θc when the candidate's smoothed gain
+  cleared ε at the window's end (the candidate was what the steps sent). With error
+  feedback the gains of adjacent rungs often differ by more than ω although both are well
+  above ε, and then the paper's rule keeps θmin at θmin₀ for good. A scale-up also drops
+  the throughputs of CFs below the new θmin from the table (measured with a cheaper first
+  level; the saturation rule would otherwise settle back on them).
+* ``dense_probe_steps=N`` (E2): the last N steps of the first window are sent dense, so
+  dense throughput is in the table from the first evaluation.
+* ``settle_dense=True`` (E3): when dense's compression throughput beats the best CF's by
+  more than ω, train dense; every ``dense_reprobe`` dense windows, one window runs the
+  ladder again (θmin and the next candidate) so a phase change is noticed.
+* ``warmup_windows=W``: the first W windows run at θmin only (the paper: none).
+* ``gain_measure="norm"``: Σ‖g_c‖ / Σ‖g‖ (the authors' public code) instead of the energy
+  ratio Σ‖g_c‖² / Σ‖g_ef‖² of Algorithm 1; the optimizer measures it (``StepPlan``).
 """
 from __future__ import annotations
 
 import copy
 import math
 
-from .base import SENT_CANDIDATE, SENT_DENSE, SENT_MIN, Controller, StepPlan, StepRecord, Sync
+from .base import (GAIN_MEASURES, SENT_CANDIDATE, SENT_DENSE, SENT_MIN, Controller, StepPlan,
+                   StepRecord, Sync)
 from .ladder import POLICIES, build_ladder, next_rung
 
 SCALE_UP_RULES = ("gain", "epsilon")
@@ -50,7 +51,7 @@ def default_alpha(world_size: int) -> float:
 
 
 class GraVAC(Controller):
-    """Adaptive CF controller of GraVAC.
+    """Adaptive CF controller of GraVAC; the defaults are the paper's Algorithm 1.
 
     Args:
         theta_min: initial minimum CF θmin₀ (>= 1).
@@ -60,9 +61,16 @@ class GraVAC(Controller):
         window: steps per evaluation (>= 1).
         policy: ladder of candidate CFs, ``"exponential"`` or ``"geometric"``.
         alpha: EWMA weight in (0, 1]; default clamp(N/100, 0.01, 1) for N ranks.
-        dense_probe_steps: send the last steps of the warm-up window dense (extension).
+        gain_measure: ``"energy"`` (Σ‖g_c‖²/Σ‖g_ef‖², Algorithm 1) or ``"norm"``
+            (Σ‖g_c‖/Σ‖g‖, the authors' code; the Random-k special case needs it).
+        warmup_windows: windows at θmin only before candidates are evaluated (paper: 0).
+        dense_probe_steps: send the last steps of the first window dense (extension E2).
         scale_up: when θmin scales up to θc at a window's end: ``"gain"`` (the paper:
-            their gains are within ω) or ``"epsilon"`` (also when δc >= ε; extension).
+            their gains are within ω) or ``"epsilon"`` (also when δc >= ε; extension E1).
+        settle_dense: train dense while dense's compression throughput beats the best
+            CF's by more than ω (extension E3).
+        dense_reprobe: with ``settle_dense``, dense windows between two windows that run
+            the ladder again (>= 1).
 
     Example::
 
@@ -75,28 +83,28 @@ class GraVAC(Controller):
 
     def __init__(self, theta_min: float = 10, theta_max: float = 1000, epsilon: float = 0.7,
                  omega: float = 0.01, window: int = 500, policy: str = "exponential",
-                 alpha: float | None = None, dense_probe_steps: int = 0,
-                 scale_up: str = "gain"):
+                 alpha: float | None = None, gain_measure: str = "energy",
+                 warmup_windows: int = 0, dense_probe_steps: int = 0, scale_up: str = "gain",
+                 settle_dense: bool = False, dense_reprobe: int = 4):
         _check_number("theta_min", theta_min, "a number >= 1", lambda v: v >= 1)
         _check_number("theta_max", theta_max, f"a number >= theta_min ({theta_min})",
                       lambda v: v >= theta_min)
         _check_number("epsilon", epsilon, "in (0, 1]", lambda v: 0 < v <= 1)
         _check_number("omega", omega, "a number >= 0", lambda v: v >= 0)
-        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-            raise ValueError(f"GraVAC(window={window!r}): window must be an int >= 1 (steps)")
-        if policy not in POLICIES:
-            raise ValueError(f"GraVAC(policy={policy!r}): policy must be one of "
-                             f"{', '.join(POLICIES)}")
+        _check_int("window", window, "an int >= 1 (steps)", lambda v: v >= 1)
+        _check_choice("policy", policy, POLICIES)
         if alpha is not None:
             _check_number("alpha", alpha, "in (0, 1] or None", lambda v: 0 < v <= 1)
-        if isinstance(dense_probe_steps, bool) or not isinstance(dense_probe_steps, int) \
-                or not 0 <= dense_probe_steps < window:
-            raise ValueError(f"GraVAC(dense_probe_steps={dense_probe_steps!r}): must be an int "
-                             f"in [0, window) = [0, {window})")
-        if scale_up not in SCALE_UP_RULES:
-            raise ValueError(f"GraVAC(scale_up={scale_up!r}): must be one of "
-                             f"{', '.join(SCALE_UP_RULES)}")
-        self.scale_up = scale_up
+        _check_choice("gain_measure", gain_measure, GAIN_MEASURES)
+        _check_int("warmup_windows", warmup_windows, "an int >= 0 (windows; the paper: 0)",
+                   lambda v: v >= 0)
+        _check_int("dense_probe_steps", dense_probe_steps,
+                   f"an int in [0, window) = [0, {window})", lambda v: 0 <= v < window)
+        _check_choice("scale_up", scale_up, SCALE_UP_RULES)
+        if not isinstance(settle_dense, bool):
+            raise ValueError(f"GraVAC(settle_dense={settle_dense!r}): settle_dense must be "
+                             "true or false")
+        _check_int("dense_reprobe", dense_reprobe, "an int >= 1 (windows)", lambda v: v >= 1)
         self.theta_min0 = float(theta_min)
         self.theta_max = float(theta_max)
         self.epsilon = float(epsilon)
@@ -104,7 +112,12 @@ class GraVAC(Controller):
         self.window = window
         self.policy = policy
         self.alpha_option = alpha
+        self.gain_measure = gain_measure
+        self.warmup_windows = warmup_windows
         self.dense_probe_steps = dense_probe_steps
+        self.scale_up = scale_up
+        self.settle_dense = settle_dense
+        self.dense_reprobe = dense_reprobe
         self.ladder = build_ladder(self.theta_min0, self.theta_max, policy)
         self._state = self._initial_state(alpha if alpha is not None else default_alpha(1))
 
@@ -115,7 +128,9 @@ class GraVAC(Controller):
             "theta_c": next_rung(self.ladder, self.theta_min0),
             "delta_min": None,
             "delta_c": None,
-            "settled": False,
+            "settled": False,       # the last evaluation found saturation (θc = θideal)
+            "on_dense": False,      # settle_dense: training dense (E3)
+            "dense_windows": 0,     # settle_dense: dense windows since the last re-probe
             "table": {},            # CF -> mean T_compress in the latest window it was used
             "window_sums": {},      # CF -> [sum, count] of T_compress in the current window
             "candidate_measured": False,   # δc got a sample in the current window
@@ -155,7 +170,13 @@ class GraVAC(Controller):
 
     @property
     def settled(self) -> bool:
+        """Whether the latest evaluation found compression throughput saturated."""
         return self._state["settled"]
+
+    @property
+    def on_dense(self) -> bool:
+        """Whether ``settle_dense`` has GraVAC training dense now."""
+        return self._state["on_dense"]
 
     @property
     def alpha(self) -> float:
@@ -171,14 +192,16 @@ class GraVAC(Controller):
 
     # -- per step -----------------------------------------------------------------------
     def _candidate_active(self, step: int) -> bool:
-        return step >= self.window and self.theta_c > self.theta_min
+        return step >= self.warmup_windows * self.window and self.theta_c > self.theta_min
 
     def plan(self, step: int) -> StepPlan:
         if self.window - self.dense_probe_steps <= step < self.window:
-            return StepPlan(theta_min=1.0)       # measuring dense throughput (warm-up's end)
+            return StepPlan(theta_min=1.0)       # measuring dense throughput (E2)
+        if self._state["on_dense"]:
+            return StepPlan(theta_min=1.0)       # settled on dense (E3) until the re-probe
         theta_c = self.theta_c if self._candidate_active(step) else None
         return StepPlan(theta_min=self.theta_min, theta_c=theta_c,
-                        needs_gains=self.theta_min > 1)
+                        needs_gains=self.theta_min > 1, gain_measure=self.gain_measure)
 
     def _ewma(self, old, sample):
         if old is None:
@@ -200,6 +223,9 @@ class GraVAC(Controller):
         return SENT_DENSE
 
     def end_step(self, record: StepRecord, sync: Sync) -> None:
+        """Record T_compress of what the step sent (``record.t_iter`` of a dense step must
+        exclude the compression it did not use: Algorithm 1, line 23); every ``window``
+        steps, adopt rank 0's evaluation."""
         s = self._state
         if record.t_iter is not None and record.t_iter > 0 \
                 and record.sent in (SENT_CANDIDATE, SENT_MIN, SENT_DENSE):
@@ -230,37 +256,36 @@ class GraVAC(Controller):
         """
         s = {k: copy.deepcopy(v) for k, v in self._state.items() if k != "decisions"}
         measured_min, measured_c = s["delta_min"], s["delta_c"]
+        theta_c0 = s["theta_c"]
         for cf, (total, count) in s["window_sums"].items():
             s["table"][cf] = total / count
         s["window_sums"] = {}
-        scaled_up = advanced = False
-        if not s["settled"] and s["candidate_measured"] and s["theta_c"] > s["theta_min"]:
-            d_min, d_c = s["delta_min"], s["delta_c"]
-            close = d_min is not None and d_c is not None and d_min > 0 \
-                and abs(d_min - d_c) / d_min <= self.omega
-            sent_candidate = self.scale_up == "epsilon" and d_c is not None \
-                and d_c >= self.epsilon
-            if close or sent_candidate:
-                s["theta_min"] = s["theta_c"]
-                s["delta_min"] = d_c      # δc measured exactly this CF
-                scaled_up = True
-                if self.scale_up == "epsilon":
-                    # Throughputs of CFs below the new θmin were measured while every step
-                    # also paid the cheaper-CF first level; they are not comparable with
-                    # what comes next, and GraVAC does not go back there (dense stays).
-                    s["table"] = {cf: v for cf, v in s["table"].items()
-                                  if cf == 1.0 or cf >= s["theta_min"]}
-            new_c = next_rung(self.ladder, s["theta_c"])
-            if new_c != s["theta_c"]:
-                s["theta_c"], s["delta_c"] = new_c, None
-            advanced = True
-        if not s["settled"]:
+        scaled_up = advanced = reprobe = False
+        if s["on_dense"]:
+            # E3: a dense window. After dense_reprobe of them, the next window runs the
+            # ladder again (plan() sees on_dense False) and its evaluation decides anew.
+            s["dense_windows"] += 1
+            if s["dense_windows"] >= self.dense_reprobe:
+                s["on_dense"], s["dense_windows"], reprobe = False, 0, True
+        else:
+            if s["candidate_measured"] and s["theta_c"] > s["theta_min"]:
+                scaled_up = self._scale_up(s)
+            # θc climbs after its window (not in a warm-up, where it was not measured);
+            # also when saturation made it θmin, so that a table that stops saturating
+            # sends the ladder on rather than leaving GraVAC at θmin with no candidate.
+            if s["candidate_measured"] or s["theta_c"] <= s["theta_min"]:
+                s["theta_c"] = next_rung(self.ladder, s["theta_c"])
+                advanced = True
+            # CheckGraVAC on the current table, every window: the answer may change.
             ideal = saturation_point(s["table"], self.omega)
+            s["settled"] = ideal is not None
             if ideal is not None:
                 s["theta_c"] = ideal
                 s["theta_min"] = min(s["theta_min"], ideal)
-                s["delta_c"] = None
-                s["settled"] = True
+            if self.settle_dense and dense_pays(s["table"], self.omega):
+                s["on_dense"], s["dense_windows"] = True, 0
+        if s["theta_c"] != theta_c0:
+            s["delta_c"] = None       # a new candidate: its gain restarts
         s["candidate_measured"] = False
         return s, {
             "step": step,
@@ -270,9 +295,29 @@ class GraVAC(Controller):
             "delta_c": measured_c,
             "table": dict(s["table"]),
             "settled": s["settled"],
+            "on_dense": s["on_dense"],
+            "reprobe": reprobe,
             "scaled_up": scaled_up,
             "advanced": advanced,
         }
+
+    def _scale_up(self, s: dict) -> bool:
+        """θmin ← θc when the two gains agree within ω (or, E1, when δc cleared ε)."""
+        d_min, d_c = s["delta_min"], s["delta_c"]
+        close = d_min is not None and d_c is not None and d_min > 0 \
+            and abs(d_min - d_c) / d_min <= self.omega
+        sent_candidate = self.scale_up == "epsilon" and d_c is not None and d_c >= self.epsilon
+        if not (close or sent_candidate):
+            return False
+        s["theta_min"] = s["theta_c"]
+        s["delta_min"] = d_c      # δc measured exactly this CF
+        if self.scale_up == "epsilon":
+            # Throughputs of CFs below the new θmin were measured while every step also
+            # paid the cheaper-CF first level; they are not comparable with what comes
+            # next, and GraVAC does not go back there (dense stays).
+            s["table"] = {cf: v for cf, v in s["table"].items()
+                          if cf == 1.0 or cf >= s["theta_min"]}
+        return True
 
     # -- state ----------------------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -282,8 +327,12 @@ class GraVAC(Controller):
         if not isinstance(state, dict) or "state" not in state:
             raise ValueError("not a GraVAC state dict: expected keys 'hyper' and 'state'")
         mine, theirs = self.describe(), state.get("hyper", {})
-        if theirs:   # states saved before an option existed used its default
-            theirs = {"dense_probe_steps": 0, "scale_up": "gain", **theirs}
+        if theirs:
+            # States saved before an option existed ran with what the code then did: a
+            # warm-up window and a permanent settling that included dense.
+            theirs = {"dense_probe_steps": 0, "scale_up": "gain", "gain_measure": "energy",
+                      "warmup_windows": 1, "settle_dense": "permanent (before issue 11)",
+                      "dense_reprobe": None, **theirs}
         if theirs and theirs != mine:
             diff = {k: (theirs.get(k), mine.get(k)) for k in mine if theirs.get(k) != mine.get(k)}
             raise ValueError(f"GraVAC state was saved with other hyperparameters "
@@ -294,7 +343,9 @@ class GraVAC(Controller):
         return {"controller": "GraVAC", "theta_min": self.theta_min0, "theta_max": self.theta_max,
                 "epsilon": self.epsilon, "omega": self.omega, "window": self.window,
                 "policy": self.policy, "alpha": self.alpha_option,
-                "dense_probe_steps": self.dense_probe_steps, "scale_up": self.scale_up}
+                "gain_measure": self.gain_measure, "warmup_windows": self.warmup_windows,
+                "dense_probe_steps": self.dense_probe_steps, "scale_up": self.scale_up,
+                "settle_dense": self.settle_dense, "dense_reprobe": self.dense_reprobe}
 
     def __repr__(self) -> str:
         return (f"GraVAC(theta_min={self.theta_min0:g}, theta_max={self.theta_max:g}, "
@@ -303,31 +354,48 @@ class GraVAC(Controller):
 
 
 def saturation_point(table: dict, omega: float):
-    """Where compression throughput saturates, or None while it still grows.
+    """θideal, where compression throughput saturates, or None while it still grows.
 
-    The smaller CF of the two best compression throughputs when they are within ω
-    (docs/ALGORITHM.md §6). Extension (§8, E3): when dense (CF 1) has the best compression throughput of all
-    measured CFs, compression does not pay for itself (its speed-up is smaller than the
-    gradient energy it drops, since every gain is <= 1), so the answer is dense.
+    The paper's CheckGraVAC: the smaller CF of the two best compression throughputs when
+    they are within ω (relative to the best). Only CFs of the ladder take part: dense
+    (CF 1) may be in the table, but θideal sets the candidate θc, which dense cannot be
+    (dense is reached per step through ε, or by ``dense_pays`` with ``settle_dense``).
 
     >>> saturation_point({1280.0: 1029.9, 2000.0: 1035.4, 640.0: 900.0}, 0.01)
     1280.0
     >>> saturation_point({10.0: 500.0, 20.0: 700.0}, 0.01) is None
     True
-    >>> saturation_point({1.0: 1100.0, 10.0: 500.0}, 0.01)
-    1.0
+    >>> saturation_point({1.0: 1100.0, 10.0: 500.0, 20.0: 502.0}, 0.01)
+    10.0
     """
-    if len(table) < 2:
+    compressed = {cf: t for cf, t in table.items() if float(cf) > 1.0}
+    if len(compressed) < 2:
         return None
-    (cf1, t1), (cf2, t2) = sorted(table.items(), key=lambda kv: kv[1], reverse=True)[:2]
-    best = max(t1, t2)
-    if best <= 0:
+    (cf1, t1), (cf2, t2) = sorted(compressed.items(), key=lambda kv: kv[1], reverse=True)[:2]
+    if t1 <= 0:
         return None
-    if float(cf1) == 1.0:
-        return 1.0
-    if abs(t1 - t2) / best <= omega:
+    if (t1 - t2) / t1 <= omega:
         return min(cf1, cf2)
     return None
+
+
+def dense_pays(table: dict, omega: float) -> bool:
+    """E3's test: dense's compression throughput beats every measured CF's by more than ω.
+
+    >>> dense_pays({1.0: 1100.0, 10.0: 500.0}, 0.01)
+    True
+    >>> dense_pays({1.0: 1000.0, 10.0: 995.0}, 0.01)   # within ω: compression stays
+    False
+    >>> dense_pays({10.0: 500.0}, 0.01)                   # dense never measured
+    False
+    >>> dense_pays({1.0: 500.0}, 0.01)                    # nothing to compare with
+    False
+    """
+    dense = table.get(1.0)
+    others = [t for cf, t in table.items() if float(cf) > 1.0]
+    if dense is None or dense <= 0 or not others:
+        return False
+    return (dense - max(others)) / dense > omega
 
 
 def _key(cf: float) -> float:
@@ -338,3 +406,13 @@ def _check_number(name, value, allowed, ok):
     if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) \
             or not ok(value):
         raise ValueError(f"GraVAC({name}={value!r}): {name} must be {allowed}")
+
+
+def _check_int(name, value, allowed, ok):
+    if isinstance(value, bool) or not isinstance(value, int) or not ok(value):
+        raise ValueError(f"GraVAC({name}={value!r}): {name} must be {allowed}")
+
+
+def _check_choice(name, value, choices):
+    if value not in choices:
+        raise ValueError(f"GraVAC({name}={value!r}): {name} must be one of {', '.join(choices)}")

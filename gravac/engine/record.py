@@ -31,17 +31,22 @@ METRICS_FILE = "metrics.jsonl"
 class StepStats:
     """One optimizer step, as the engine saw it (the same on every rank except timings).
 
-    sent: what travelled (``SENT_VALUES``); cf: the CF of what was sent (1 = dense);
+    sent: what travelled (``SENT_VALUES``); cf: the CF of what was sent (1 = dense), the
+    rung (nominal); cf_actual: compressible elements / values this rank sent (DGC and
+    RedSync keep about, not exactly, n/θ values; 1 = dense);
     theta_min / theta_c: the plan's CFs; gain_min / gain_c: this step's agreed gains;
     delta_min / delta_c: the controller's smoothed gains after this step (GraVAC);
     values_sent: sparse values this rank sent; floats_sent: values and indices (one float
     each, as the paper counts) plus dense elements; dense_floats: what dense would send;
-    bytes_sent: this rank's bytes on the wire; t_*: seconds (None when not measured).
+    bytes_sent: this rank's bytes on the wire; t_*: seconds (None when not measured);
+    t_discarded: the part of t_compress spent on compression that was then not sent (both
+    levels of a step that went dense), which the controller's t_iter leaves out.
     """
 
     step: int
     sent: str
     cf: float = 1.0
+    cf_actual: float = 1.0
     theta_min: float | None = None
     theta_c: float | None = None
     gain_min: float | None = None
@@ -59,6 +64,7 @@ class StepStats:
     t_comm: float | None = None
     t_update: float | None = None
     t_iter: float | None = None
+    t_discarded: float = 0.0
     nonfinite_ranks: list[int] = field(default_factory=list)
     layer_cf: dict[str, float] | None = None
 
@@ -85,7 +91,8 @@ class StepStats:
 STEP_COLUMNS = (
     ("step", None), ("epoch", None), ("time", None), ("world_size", None),
     ("loss", "train/loss"), ("lr", "train/lr"), ("samples_per_sec", "train/samples_per_sec"),
-    ("sent", None), ("cf", "compression/cf_sent"), ("theta_min", "compression/theta_min"),
+    ("sent", None), ("cf", "compression/cf_sent"), ("cf_actual", "compression/cf_actual"),
+    ("theta_min", "compression/theta_min"),
     ("theta_c", "compression/theta_c"), ("gain_min", "compression/gain_min"),
     ("gain_c", "compression/gain_c"), ("delta_min", "compression/delta_min"),
     ("delta_c", "compression/delta_c"),

@@ -109,6 +109,7 @@ class StepEngine:
             self.controller.observe_gradients(
                 {l.name: l.param.grad for l in self.layers if l.compressible})
 
+        t_select = self.now()
         dense = [l for l in self.layers if not l.compressible]
         selections: list[_Selection] = []
         for layer in self.layers:
@@ -126,7 +127,7 @@ class StepEngine:
 
         gain_min = gain_c = None
         if plan.needs_gains:
-            gain_min, gain_c = self._agree_gains(selections)
+            gain_min, gain_c = self._agree_gains(selections, plan.gain_measure)
             if not any(s.val_c is not None for s in selections):
                 gain_c = None
         sent = self.controller.decide(gain_min, gain_c) if selections else SENT_MIN
@@ -138,6 +139,9 @@ class StepEngine:
                                "above theta_min")
 
         payload = []
+        # Compression computed and then not used (a dense decision): Algorithm 1 times a
+        # dense step without it (line 23), so the controller is told t_iter minus this.
+        t_discarded = self.now() - t_select if sent == SENT_DENSE and selections else 0.0
         if sent == SENT_DENSE:
             for s in selections:
                 s.layer.param.grad.view(-1).copy_(s.g_ef)
@@ -159,6 +163,7 @@ class StepEngine:
         t3 = self.now()
 
         kept = sum(int(v.numel()) for _, v, _ in payload)
+        sparse_numel = sum(s.layer.numel for s in selections)
         dense_numel = sum(l.numel for l in dense)
         if not selections:
             sent, cf_sent = SENT_DENSE, 1.0    # nothing went sparse this step
@@ -167,10 +172,13 @@ class StepEngine:
         elif plan.layer_cf is None:
             cf_sent = float(plan.theta_min)
         else:
-            cf_sent = _effective_cf(sum(s.layer.numel for s in selections), kept)
+            cf_sent = _effective_cf(sparse_numel, kept)
         self._consecutive_skips = 0
         return StepStats(
-            step=step, sent=sent, cf=cf_sent, theta_min=float(plan.theta_min),
+            step=step, sent=sent, cf=cf_sent,
+            # What really travelled: DGC and RedSync keep about, not exactly, n/θ values.
+            cf_actual=_effective_cf(sparse_numel, kept) if selections else 1.0,
+            theta_min=float(plan.theta_min),
             theta_c=None if plan.theta_c is None else float(plan.theta_c),
             gain_min=gain_min, gain_c=gain_c,
             sparse_layers=len(selections), dense_layers=len(dense), values_sent=kept,
@@ -178,15 +186,19 @@ class StepEngine:
             floats_sent=2 * kept + dense_numel,
             dense_floats=sum(l.numel for l in self.layers), bytes_sent=pending.bytes_sent,
             t_compute=t_compute, t_compress=(t1 - t0) + (t3 - t2), t_comm=t2 - t1,
+            t_discarded=t_discarded,
             layer_cf=None if plan.layer_cf is None else dict(plan.layer_cf))
 
     def end_step(self, stats: StepStats, samples: float | None) -> None:
         """Tell the controller how the step went (every rank, same order); fills the
         smoothed gains into ``stats``."""
         gain = {SENT_CANDIDATE: stats.gain_c, SENT_MIN: stats.gain_min}.get(stats.sent, 1.0)
+        t_iter = stats.t_iter
+        if t_iter is not None and stats.t_discarded:
+            t_iter = max(t_iter - stats.t_discarded, 0.0)
         self.controller.end_step(
             StepRecord(step=stats.step, sent=stats.sent, cf=stats.cf,
-                       gain=1.0 if gain is None else gain, t_iter=stats.t_iter,
+                       gain=1.0 if gain is None else gain, t_iter=t_iter,
                        samples=samples), self.comm)
         summary = self.controller.summary()
         stats.delta_min, stats.delta_c = summary.get("delta_min"), summary.get("delta_c")
@@ -218,22 +230,30 @@ class StepEngine:
             sel.idx_c, sel.val_c = idx_min[sub], val_min[sub]
         return sel
 
-    def _agree_gains(self, selections: list[_Selection]):
-        """Whole-model compression gains, summed over ranks with one tiny allreduce."""
+    def _agree_gains(self, selections: list[_Selection], measure: str = "energy"):
+        """Whole-model compression gains of both levels, summed over ranks with one tiny
+        allreduce. ``"energy"``: Σ‖g_min‖²/Σ‖g_ef‖² and Σ‖g_c‖²/Σ‖g_ef‖² (Algorithm 1);
+        ``"norm"``: Σ‖g_min‖/Σ‖g‖ and Σ‖g_c‖/Σ‖g‖, per-layer norms with the raw gradient g
+        (no residual) below, as in the authors' code (it may exceed 1)."""
+        if measure not in ("energy", "norm"):
+            raise ValueError(f"gain measure must be 'energy' or 'norm', got {measure!r}")
         if selections:
             # Summed on the gradients' device and moved once: one sync, not one per layer.
-            sq = torch.stack([
-                torch.stack([_sq_norm(s.val_min),
-                             _sq_norm(s.val_c if s.val_c is not None else s.val_min),
-                             _sq_norm(s.g_ef)])
-                for s in selections]).double().sum(0).cpu()
+            if measure == "energy":
+                rows = [torch.stack([_sq_norm(s.val_min), _sq_norm(_val_c(s)), _sq_norm(s.g_ef)])
+                        for s in selections]
+            else:
+                rows = [torch.stack([_sq_norm(s.val_min), _sq_norm(_val_c(s)),
+                                     _sq_norm(s.layer.param.grad)]).sqrt()
+                        for s in selections]
+            sums = torch.stack(rows).double().sum(0).cpu()
         else:
-            sq = torch.zeros(3, dtype=torch.float64)
-        sq = self.comm.allreduce(sq, op="sum", name=f"{self.prefix}.gains")
-        total = float(sq[2])
+            sums = torch.zeros(3, dtype=torch.float64)
+        sums = self.comm.allreduce(sums, op="sum", name=f"{self.prefix}.gains")
+        total = float(sums[2])
         if total <= 0.0:
             return 1.0, 1.0
-        return float(sq[0]) / total, float(sq[1]) / total
+        return float(sums[0]) / total, float(sums[1]) / total
 
     def _nonfinite_ranks(self) -> list[int]:
         """Ranks whose gradient has a NaN or Inf this step, agreed by one tiny allreduce.
@@ -284,6 +304,10 @@ def _sq_norm(t: torch.Tensor) -> torch.Tensor:
     if t.dtype != torch.float32 and t.dtype != torch.float64:
         t = t.float()
     return torch.dot(t, t)
+
+
+def _val_c(s: _Selection) -> torch.Tensor:
+    return s.val_c if s.val_c is not None else s.val_min
 
 
 def _effective_cf(numel: int, kept: int) -> float:

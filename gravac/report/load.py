@@ -26,7 +26,7 @@ LOWER_IS_BETTER = frozenset({"perplexity", "loss"})
 # Preference order when run_start names no metric and it must be guessed from eval lines.
 _INFERRED_METRICS = ("top1", "perplexity", "top5", "loss")
 
-_STEP_NUMBERS = ("epoch", "time", "loss", "lr", "cf", "theta_min", "theta_c", "gain_min",
+_STEP_NUMBERS = ("epoch", "time", "loss", "lr", "cf", "cf_actual", "theta_min", "theta_c", "gain_min",
                  "gain_c", "floats_sent", "cum_floats_sent", "dense_floats",
                  "cum_dense_floats", "t_compute", "t_compress", "t_comm", "t_iter",
                  "samples_per_sec")

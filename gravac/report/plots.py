@@ -111,7 +111,9 @@ def plot_loss(runs: Sequence[Run], x: str = "step") -> Figure:
 
 
 def plot_cf(runs: Sequence[Run]) -> Figure:
-    """CF sent per step (log scale), with theta_min / theta_c thinner for GraVAC runs."""
+    """CF sent per step (log scale): the rung (nominal) thick, the actual CF (compressible
+    elements / values sent; DGC and RedSync keep about n/θ) thin and faint where it differs,
+    and theta_min / theta_c dashed for GraVAC runs."""
     fig, (ax,) = _figure()
     plotted = False
     for i, run in enumerate(runs):
@@ -122,6 +124,10 @@ def plot_cf(runs: Sequence[Run]) -> Figure:
         ax.plot(*zip(*points), drawstyle="steps-post", color=_color(i), linewidth=1.8,
                 label=f"{run.label}: CF sent")
         plotted = True
+        sent = [r for r in run.steps if r.get("sent") != "skipped" and r.get("cf_actual")]
+        if any(abs(r["cf_actual"] - (step_cf(r) or 0.0)) > 1e-6 * r["cf_actual"] for r in sent):
+            ax.plot([r["step"] for r in sent], [r["cf_actual"] for r in sent], color=_color(i),
+                    linewidth=0.7, alpha=0.6, label=f"{run.label}: actual CF")
         if run.is_gravac:
             for key, style, name in (("theta_min", "--", "θmin"), ("theta_c", ":", "θc")):
                 steps, values = run.series(key)

@@ -69,7 +69,7 @@ def test_gravac_ranks_agree_climb_and_send_exact_candidate(rank, size):
     both = gather_rows(mine, "t.records")
     assert torch.equal(both[0], both[1]), "ranks disagree on sent / theta_min / theta_c"
     sent, theta_min, theta_c = mine[:, 0], mine[:, 1], mine[:, 2]
-    assert bool((theta_c[:10] == 0).all()), "the first window is a warm-up at theta_min only"
+    assert bool((theta_c[:10] == 20).all()), "no warm-up: the candidate from step 0 (paper)"
     assert int((sent == 1).sum()) > 0 and checked > 0, "no candidate was ever sent"
     assert float(theta_min.max()) > 10, "theta_min never scaled up"
     assert float(mine[:, 3].max()) >= 40, "the CF sent never climbed the ladder"

@@ -26,7 +26,8 @@ def test_config_folders_are_populated():
     assert {p.stem for p in MODELS} == {"resnet101_cifar10", "vgg16_cifar100", "lstm_ptb"}
     stems = {p.stem for p in COMPRESSION}
     for needed in ["dense", "horovod_fp16", "gravac_exp_dgc_eps07", "gravac_exp_dgc_eps09",
-                   "gravac_geo_redsync", "gravac_randomk", "accordion_cnn", "accordion_lstm"]:
+                   "gravac_geo_redsync", "gravac_randomk", "accordion_cnn", "accordion_lstm",
+                   "accordion_randomk"]:
         assert needed in stems
     for comp in ["topk", "dgc", "redsync", "randomk"]:
         assert {f"static_{comp}_10x", f"static_{comp}_1000x"} <= stems

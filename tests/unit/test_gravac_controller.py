@@ -48,43 +48,56 @@ def test_three_way_choice_and_ewma():
     assert default_alpha(2) == 0.02 and default_alpha(1) == 0.01 and default_alpha(400) == 1.0
 
 
-def test_warmup_runs_at_theta_min_only():
+def test_warmup_zero_evaluates_the_candidate_from_step_zero():
+    """The paper (and the default, warmup_windows=0): the candidate is compressed, measured
+    and may be sent from the first step, so the first evaluation already moves θc."""
     ctrl = GraVAC(theta_min=10, theta_max=1000, window=5, alpha=1.0)
+    log = run(ctrl, 6, lambda s, p: (0.95, 0.9), lambda cf: 100.0)
+    assert [(sent, cf, theta_c) for _, sent, cf, _, theta_c in log[:5]] == \
+        [("candidate", 20, 20)] * 5
+    first = ctrl.decisions[0]
+    assert first["advanced"] and first["theta_c"] == 40 and log[5][4] == 40
+
+
+def test_warmup_windows_run_at_theta_min_only():
+    ctrl = GraVAC(theta_min=10, theta_max=1000, window=5, alpha=1.0, warmup_windows=1)
     log = run(ctrl, 6, lambda s, p: (0.95, 0.9), lambda cf: 100.0)
     assert all(theta_c is None and sent == "min" for _, sent, _, _, theta_c in log[:5])
     assert log[5][4] == 20 and log[5][1] == "candidate"
     first = ctrl.decisions[0]
     assert first["theta_min"] == 10 and first["theta_c"] == 20 and not first["advanced"]
+    with pytest.raises(ValueError, match=r"warmup_windows must be an int >= 0"):
+        GraVAC(warmup_windows=-1)
 
 
 def test_theta_min_scales_up_when_gains_are_close_and_candidate_climbs():
     ctrl = GraVAC(theta_min=10, theta_max=1000, omega=0.01, window=4, alpha=1.0)
     # gains within 1% of each other -> θmin takes θc at each evaluation
     run(ctrl, 8, lambda s, p: (0.95, 0.949), lambda cf: 100.0 + cf)
-    assert (ctrl.theta_min, ctrl.theta_c) == (20, 40)
+    assert (ctrl.theta_min, ctrl.theta_c) == (40, 160)
     # gains 10% apart -> θmin stays, θc still climbs
     ctrl2 = GraVAC(theta_min=10, theta_max=1000, omega=0.01, window=4, alpha=1.0)
-    run(ctrl2, 12, lambda s, p: (0.95, 0.85), lambda cf: 100.0 + cf)
+    run(ctrl2, 8, lambda s, p: (0.95, 0.85), lambda cf: 100.0 + cf)
     assert (ctrl2.theta_min, ctrl2.theta_c) == (10, 160)
-    run(ctrl2, 8, lambda s, p: (0.95, 0.85), lambda cf: 100.0 + cf, start=12)
+    run(ctrl2, 8, lambda s, p: (0.95, 0.85), lambda cf: 100.0 + cf, start=8)
     assert ctrl2.theta_c == 1000, "stays at θmax when there is no higher rung"
 
 
 def test_scale_up_epsilon_rule_follows_the_candidate_that_was_sent():
-    """Gains 0.95 / 0.85 (10% apart, both above ε = 0.7): the spec's rule keeps θmin at
+    """Gains 0.95 / 0.85 (10% apart, both above ε = 0.7): the paper's rule keeps θmin at
     10; scale_up="epsilon" moves θmin to each candidate that cleared ε, and when the next
-    candidate does not (0.5), θmin stays at the last one that did, which is then sent."""
+    candidates do not (0.5), θmin stays at the last one that did, which is then sent."""
     def gains(step, plan):
-        return (0.95, 0.5 if plan.theta_c == 160 else 0.85)
-    spec = GraVAC(theta_min=10, theta_max=1000, omega=0.01, window=4, alpha=1.0)
-    run(spec, 16, gains, lambda cf: 100.0 + cf)
-    assert (spec.theta_min, spec.theta_c) == (10, 1000)
+        return (0.95, 0.5 if plan.theta_c >= 160 else 0.85)
+    paper = GraVAC(theta_min=10, theta_max=1000, omega=0.01, window=4, alpha=1.0)
+    run(paper, 16, gains, lambda cf: 100.0 + cf)
+    assert (paper.theta_min, paper.theta_c) == (10, 1000)
     eps = GraVAC(theta_min=10, theta_max=1000, omega=0.01, window=4, alpha=1.0,
                  scale_up="epsilon")
     log = run(eps, 16, gains, lambda cf: 100.0 + cf)
-    assert [d["theta_min"] for d in eps.decisions] == [10, 20, 40, 40]
-    assert [d["theta_c"] for d in eps.decisions] == [20, 40, 160, 1000]
-    assert [(sent, cf) for _, sent, cf, _, _ in log[12:]] == [("min", 40)] * 4
+    assert [d["theta_min"] for d in eps.decisions] == [20, 40, 40, 40]
+    assert [d["theta_c"] for d in eps.decisions] == [40, 160, 1000, 1000]
+    assert [(sent, cf) for _, sent, cf, _, _ in log[8:]] == [("min", 40)] * 8
     with pytest.raises(ValueError, match="scale_up"):
         GraVAC(scale_up="always")
 
@@ -98,12 +111,14 @@ def test_scale_up_epsilon_forgets_throughputs_below_the_new_theta_min():
     ctrl = GraVAC(theta_min=10, theta_max=1000, omega=0.01, window=4, alpha=1.0,
                   dense_probe_steps=1, scale_up="epsilon")
     run(ctrl, 12, gains, lambda cf: speed[int(cf)])
-    assert not ctrl.settled and (ctrl.theta_min, ctrl.theta_c) == (40, 160)
+    assert not ctrl.settled and (ctrl.theta_min, ctrl.theta_c) == (40, 1000)
     assert sorted(ctrl.decisions[-1]["table"]) == [1.0, 40.0]
+    assert [d["settled"] for d in ctrl.decisions] == [False] * 3
 
 
 def test_paper_case_settles_at_1280():
-    """1280x and 2000x reach compression throughputs 1029.9 and 1035.4; ω = 1% -> 1280x."""
+    """1280x and 2000x reach compression throughputs 1029.9 and 1035.4; ω = 1% -> 1280x,
+    and CheckGraVAC, run again every window on the same table, keeps answering 1280x."""
     throughput = {10: 500.0, 20: 600.0, 40: 700.0, 80: 800.0, 160: 900.0, 320: 950.0,
                   640: 1000.0, 1280: 1029.9, 2000: 1035.4}
     ctrl = GraVAC(theta_min=10, theta_max=2000, omega=0.01, window=5, policy="geometric",
@@ -111,40 +126,99 @@ def test_paper_case_settles_at_1280():
     log = run(ctrl, 5 * 12, lambda s, p: (1.0, 1.0), lambda cf: throughput[int(cf)])
     assert ctrl.settled
     assert ctrl.theta_c == 1280 and ctrl.theta_min <= 1280
-    settle = next(d for d in ctrl.decisions if d["settled"])
-    assert settle["table"][1280.0] == pytest.approx(1029.9)
-    assert settle["table"][2000.0] == pytest.approx(1035.4)
-    # every rung of the ladder was used, in order, before settling
+    first = next(i for i, d in enumerate(ctrl.decisions) if d["settled"])
+    assert first == 7, "settles at the evaluation right after 2000x was measured"
+    assert ctrl.decisions[first]["table"][1280.0] == pytest.approx(1029.9)
+    assert ctrl.decisions[first]["table"][2000.0] == pytest.approx(1035.4)
+    assert all(d["settled"] and d["theta_c"] == 1280 for d in ctrl.decisions[first:])
+    # every candidate rung was used, in order, from the first window, then 1280x
     used = []
     for _, sent, cf, _, _ in log:
         if not used or used[-1] != cf:
             used.append(cf)
-    assert used[:9] == [10, 20, 40, 80, 160, 320, 640, 1280, 2000]
-    assert log[-1][2] == 1280
+    assert used == [20, 40, 80, 160, 320, 640, 1280, 2000, 1280]
     assert saturation_point({1280.0: 1029.9, 2000.0: 1035.4}, 0.005) is None
 
 
-def test_settles_on_dense_when_compression_does_not_pay():
-    """Dense steps count as CF 1: if they are as fast as compressed ones, stay dense."""
-    ctrl = GraVAC(theta_min=10, theta_max=1000, omega=0.01, window=3, alpha=1.0, epsilon=0.9)
-    # Window 1: gains too low -> dense, T_compress = 1000 · 1. Window 2: θmin sent with
-    # gain 0.95 at T_sys 1050, T_compress = 997.5: within 1% of dense, so dense wins.
-    gains = lambda s, p: (0.5, 0.4) if s < 3 else (0.95, 0.5)
-    run(ctrl, 6, gains, lambda cf: 1000.0 if cf == 1 else 1050.0)
-    assert ctrl.settled and ctrl.theta_c == 1.0 and ctrl.theta_min == 1.0
+def test_saturation_follows_the_table_nothing_is_final():
+    """Saturated at 40x; then 40x slows down (a phase change): the next evaluation no
+    longer finds saturation and the candidate climbs again."""
+    speed = {20: 600.0, 40: 603.0, 160: 800.0, 1000: 900.0}
+    ctrl = GraVAC(theta_min=10, theta_max=1000, omega=0.01, window=4, alpha=1.0)
+    gains = lambda s, p: (1.0, 1.0)
+    run(ctrl, 8, gains, lambda cf: speed[int(cf)])
+    assert ctrl.settled and ctrl.theta_c == 20
+    speed[20] = 300.0
+    run(ctrl, 4, gains, lambda cf: speed[int(cf)], start=8)
+    assert not ctrl.settled and ctrl.theta_c == 40
+    log = run(ctrl, 8, gains, lambda cf: speed[int(cf)], start=12)
+    assert {cf for _, _, cf, _, _ in log} >= {40, 160}
 
 
-def test_dense_probe_measures_dense_and_settles_there_when_it_is_fastest():
+def test_paper_rule_never_locks_in_dense_after_a_critical_phase():
+    """The reproduction of issue 11: a critical phase sends dense (table {1: 1000}), then
+    θmin's throughput is 988, below dense's. The paper's rule does not settle on dense:
+    dense is not a candidate and every later step compresses while θc climbs the ladder."""
+    gains = lambda s, p: (0.5, 0.4) if s < 10 else (0.95, 0.93)
+    ctrl = GraVAC(theta_min=10, theta_max=1000, omega=0.01, window=10, alpha=1.0, epsilon=0.9)
+    log = run(ctrl, 60, gains, lambda cf: 1000.0 if cf == 1 else 1000.0 + cf)
+    assert [sent for _, sent, _, _, _ in log[:10]] == ["dense"] * 10
+    assert all(sent != "dense" for _, sent, _, _, _ in log[10:])
+    assert {cf for _, _, cf, _, _ in log[10:]} == {40, 160, 1000}
+    assert not any(d["on_dense"] for d in ctrl.decisions)
+    assert saturation_point({1.0: 1000.0, 10.0: 988.0}, 0.01) is None
+    assert saturation_point({1.0: 1000.0, 10.0: 998.0, 20.0: 999.0}, 0.01) == 10.0
+
+
+def test_settle_dense_needs_a_margin_and_reprobes():
+    """settle_dense (E3): dense beats the best CF by more than ω -> dense windows; every
+    dense_reprobe windows one window runs the ladder again; once compression pays (a
+    phase change makes it faster), GraVAC leaves dense."""
+    phase = {"compressed": 1040.0}
+    gains = lambda s, p: (0.5, 0.4) if s < 10 else (0.95, 0.5)
+    ctrl = GraVAC(theta_min=10, theta_max=1000, omega=0.01, window=10, alpha=1.0, epsilon=0.9,
+                  settle_dense=True, dense_reprobe=2)
+    speed = lambda cf: 1000.0 if cf == 1 else phase["compressed"]
+    log = run(ctrl, 20, gains, speed)          # 988 at 10x vs 1000 dense: 1.2% > ω
+    assert ctrl.on_dense and ctrl.decisions[-1]["on_dense"]
+    log += run(ctrl, 20, gains, speed, start=20)
+    assert [sent for _, sent, _, _, _ in log[20:40]] == ["dense"] * 20
+    assert ctrl.decisions[-1]["reprobe"] and not ctrl.on_dense
+    log += run(ctrl, 10, gains, speed, start=40)  # the re-probe: still 988 -> dense again
+    assert [sent for _, sent, _, _, _ in log[40:50]] == ["min"] * 10 and ctrl.on_dense
+    phase["compressed"] = 1200.0
+    log += run(ctrl, 30, gains, speed, start=50)  # 2 dense windows, re-probe at 1140
+    assert [sent for _, sent, _, _, _ in log[70:80]] == ["min"] * 10
+    assert not ctrl.on_dense
+    log += run(ctrl, 10, gains, speed, start=80)
+    assert all(sent == "min" for _, sent, _, _, _ in log[80:]) and not ctrl.on_dense
+    # within ω of each other: compression stays
+    close = GraVAC(theta_min=10, theta_max=1000, omega=0.01, window=10, alpha=1.0, epsilon=0.9,
+                   settle_dense=True)
+    run(close, 20, gains, lambda cf: 1000.0 if cf == 1 else 1050.0)   # 997.5 vs 1000
+    assert not close.on_dense
+    with pytest.raises(ValueError, match="dense_reprobe"):
+        GraVAC(settle_dense=True, dense_reprobe=0)
+
+
+def test_dense_probe_measures_dense_but_only_settle_dense_acts_on_it():
     """A fast link: dense at 1000 samples/s beats CF 10 at 900 x gain 0.8 = 720."""
-    ctrl = GraVAC(theta_min=10, theta_max=1000, window=10, alpha=1.0, dense_probe_steps=3)
-    log = run(ctrl, 14, lambda s, p: (0.8, 0.6), lambda cf: 1000.0 if cf == 1 else 900.0)
+    fast = lambda cf: 1000.0 if cf == 1 else 900.0
+    probe = GraVAC(theta_min=10, theta_max=1000, window=10, alpha=1.0, dense_probe_steps=3,
+                   epsilon=0.7)
+    log = run(probe, 14, lambda s, p: (0.8, 0.6), fast)
     assert [e[1] for e in log[:10]] == ["min"] * 7 + ["dense"] * 3
-    assert ctrl.settled and ctrl.theta_min == 1.0 and ctrl.theta_c == 1.0
-    assert all(e[1] == "dense" and e[3] == 1.0 for e in log[10:])
+    assert probe.table[1.0] == 1000.0
+    assert all(e[1] == "min" for e in log[10:]), "the paper's rule: dense is not a candidate"
+    ctrl = GraVAC(theta_min=10, theta_max=1000, window=10, alpha=1.0, dense_probe_steps=3,
+                  settle_dense=True)
+    log = run(ctrl, 14, lambda s, p: (0.8, 0.6), fast)
+    assert ctrl.on_dense and all(e[1] == "dense" and e[3] == 1.0 for e in log[10:])
     # a slow link: compression pays, the probe does not stop GraVAC from climbing
-    slow = GraVAC(theta_min=10, theta_max=1000, window=10, alpha=1.0, dense_probe_steps=3)
+    slow = GraVAC(theta_min=10, theta_max=1000, window=10, alpha=1.0, dense_probe_steps=3,
+                  settle_dense=True)
     run(slow, 14, lambda s, p: (0.8, 0.6), lambda cf: 100.0 * cf)
-    assert not slow.settled and slow.theta_c == 20
+    assert not slow.on_dense and slow.theta_c == 40
     with pytest.raises(ValueError, match=r"dense_probe_steps"):
         GraVAC(window=10, dense_probe_steps=10)
 
@@ -185,6 +259,8 @@ def test_resume_from_state_dict_makes_the_same_decisions():
     ({"theta_min": 0.5}, "theta_min must be a number >= 1"),
     ({"policy": "linear"}, "policy must be one of exponential, geometric"),
     ({"alpha": 0}, r"alpha must be in \(0, 1\]"),
+    ({"gain_measure": "l1"}, "gain_measure must be one of energy, norm"),
+    ({"settle_dense": "yes"}, "settle_dense must be true or false"),
 ])
 def test_bad_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):

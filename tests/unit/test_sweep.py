@@ -416,7 +416,8 @@ def test_paper_sweep_validates_on_tiny_fake_data(tmp_path, monkeypatch, capsys):
     assert code == 0, out
     expected = ["dense"] + [f"static_{c}_{f}x" for c in ("topk", "dgc", "redsync", "randomk")
                             for f in (10, 1000)] + \
-        ["gravac_exp_dgc_eps07", "gravac_exp_dgc_eps09", "gravac_geo_redsync", "accordion_cnn"]
+        ["gravac_exp_dgc_eps07", "gravac_exp_dgc_eps09", "gravac_geo_redsync", "gravac_randomk",
+         "accordion_cnn", "accordion_randomk"]
     assert sorted(re.findall(r"^\s+\d+\. paper_resnet101-(\S+)", out, flags=re.M)) == sorted(expected)
     assert len(checked) == len(expected)
     assert all(f"data.root={tmp_path / 'data'}" in args for args in checked)
