@@ -40,6 +40,7 @@ REPO = Path(__file__).resolve().parents[1]
 WORKLOADS = {
     "lstm": ("configs/benchmarks/e2e_lstm_zipf.yaml", "accordion_lstm.yaml", 300),
     "wide_cnn": ("configs/benchmarks/e2e_wide_cnn.yaml", "accordion_cnn.yaml", 150),
+    "resnet18": ("configs/benchmarks/e2e_resnet18.yaml", "accordion_cnn.yaml", 100),
 }
 
 # name -> (compression file, extra --set overrides); "{accordion}" is the workload's file.
@@ -51,19 +52,24 @@ METHODS: dict[str, tuple[str, list[str]]] = {
     # Accordion's intervals are epochs in the paper; here runs are a few hundred steps.
     "accordion": ("{accordion}", ["compression.accordion.interval_steps=25",
                                   "compression.accordion.switch_freq=2"]),
-    # The paper's exponential GraVAC, with a window that fits a short run, measuring dense
-    # in the last 5 warm-up steps so that it can notice when compression does not pay.
-    "gravac": ("gravac_exp_topk.yaml", ["compression.gravac.window=25",
-                                        "compression.gravac.dense_probe_steps=5"]),
-    # The same with θmin following every candidate that cleared ε (scale_up="epsilon", an
-    # extension; the spec's rule wants the two gains within ω = 1%).
-    "gravac_scale_eps": ("gravac_exp_topk.yaml", ["compression.gravac.window=25",
-                                                  "compression.gravac.dense_probe_steps=5",
-                                                  "compression.gravac.scale_up=epsilon"]),
-    # The same as "gravac" with a lower gain threshold and a faster EWMA: what this workload, whose gains
-    # fall quickly with the CF (~0.6 at 10x, ~0.3 at 20x), needs for GraVAC to climb.
+    # GraVAC as the paper specifies it (exponential Top-k, window 25 to fit a short run), then
+    # each extension of docs/ALGORITHM.md §8 alone, then E1-E3 together (issue 11).
+    "gravac_paper": ("gravac_exp_topk.yaml", ["compression.gravac.window=25"]),
+    "gravac_e1_scale_eps": ("gravac_exp_topk.yaml", ["compression.gravac.window=25",
+                                                     "compression.gravac.scale_up=epsilon"]),
+    "gravac_e2_dense_probe": ("gravac_exp_topk.yaml", ["compression.gravac.window=25",
+                                                       "compression.gravac.dense_probe_steps=5"]),
+    "gravac_e3_settle_dense": ("gravac_exp_topk.yaml", ["compression.gravac.window=25",
+                                                        "compression.gravac.settle_dense=true"]),
+    "gravac_norm_gain": ("gravac_exp_topk.yaml", ["compression.gravac.window=25",
+                                                  "compression.gravac.gain_measure=norm"]),
+    "gravac_e1_e2_e3": ("gravac_exp_topk.yaml", ["compression.gravac.window=25",
+                                                 "compression.gravac.scale_up=epsilon",
+                                                 "compression.gravac.dense_probe_steps=5",
+                                                 "compression.gravac.settle_dense=true"]),
+    # The paper's rule with a lower gain threshold and a faster EWMA: what the LSTM
+    # workload, whose gains fall quickly with the CF (~0.6 at 10x), needs to climb.
     "gravac_eps0.3": ("gravac_exp_topk.yaml", ["compression.gravac.window=25",
-                                               "compression.gravac.dense_probe_steps=5",
                                                "compression.gravac.epsilon=0.3",
                                                "compression.gravac.alpha=0.2"]),
 }

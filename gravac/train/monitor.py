@@ -73,6 +73,8 @@ class RunLogger:
                     self._writer.add_scalar(f"gravac/compression_throughput/cf_{float(cf):g}",
                                             value, step)
             self._writer.add_scalar("gravac/settled", float(bool(entry.get("settled"))), step)
+            if "on_dense" in entry:      # settle_dense (E3): training dense
+                self._writer.add_scalar("gravac/on_dense", float(bool(entry["on_dense"])), step)
 
     def progress(self, step: int, **fields) -> None:
         if self._bar is None:
