@@ -84,3 +84,24 @@ def test_benchmark_workloads_dry_run_with_every_gravac_variant(workload, tmp_pat
         assert main(["--config", str(workload), str(REPO / "configs/compression" / compression),
                      "--dry-run", "--set", f"run.output_dir={tmp_path}", *overrides]) == 0
     assert "GraVAC(" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("model", [m for m in MODELS if "steps:" in m.read_text()],
+                         ids=lambda p: p.stem)
+def test_paper_model_configs_are_long_enough_for_every_gravac_ladder(model):
+    """Issue 11: with no warm-up, a ladder of R rungs measures its top rung in window R-1;
+    every step-based paper config must leave at least one more window to train at the
+    answer (the paper: 1280x from 16K on, with the geometric ladder and window 2000)."""
+    import yaml
+    from gravac.controllers import GraVAC
+
+    steps = yaml.safe_load(model.read_text())["run"]["steps"]
+    for path in COMPRESSION:
+        comp = yaml.safe_load(path.read_text())["compression"]
+        if comp.get("controller") != "gravac":
+            continue
+        ctrl = GraVAC(**comp["gravac"])
+        needed = ctrl.window * len(ctrl.ladder)        # R-1 candidate windows + 1 at the answer
+        assert steps >= needed, f"{model.name} with {path.name}: {steps} < {needed} steps"
+    geo = GraVAC(theta_min=10, theta_max=2000, window=2000, policy="geometric")
+    assert geo.window * (len(geo.ladder) - 1) == 16_000    # 2000x measured by 16K
