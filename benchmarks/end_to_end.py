@@ -154,7 +154,9 @@ def summarize(run: dict, target: float, warmup: int = 10) -> dict:
                  {"perplexity": run["eval"].get("perplexity")}),
         "floats_ratio": s1["cum_floats_sent"] / s1["cum_dense_floats"],
         "sent": sent_counts,
-        "windows": [(w["step"], w["theta_min"], w["theta_c"], w["settled"]) for w in run["windows"]],
+        "windows": [(w["step"], w["theta_min"], w["theta_c"],
+                     "dense" if w.get("on_dense") else ("yes" if w["settled"] else "no"))
+                    for w in run["windows"]],
     }
 
 
@@ -183,8 +185,8 @@ def table(rate: str, results: dict[str, dict], target: float, backend: str) -> s
     for name in (n for n in results if n.startswith("gravac")):
         g = results[name]
         lines += ["", f"{name}: steps per sent@CF: {g['sent']}; windows (step, θmin, θc, "
-                  "settled): " + ", ".join(f"({s}, {a:g}, {b:g}, {'yes' if c else 'no'})"
-                                           for s, a, b, c in g["windows"])]
+                  "saturated, or dense under settle_dense): " +
+                  ", ".join(f"({s}, {a:g}, {b:g}, {c})" for s, a, b, c in g["windows"])]
     return "\n".join(lines)
 
 
