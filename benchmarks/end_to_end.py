@@ -67,6 +67,8 @@ METHODS: dict[str, tuple[str, list[str]]] = {
                                                  "compression.gravac.scale_up=epsilon",
                                                  "compression.gravac.dense_probe_steps=5",
                                                  "compression.gravac.settle_dense=true"]),
+    # configs/compression/gravac_recommended.yaml (E1-E3 on the paper's set-up), window 25.
+    "gravac_recommended": ("gravac_recommended.yaml", ["compression.gravac.window=25"]),
     # The paper's rule with a lower gain threshold and a faster EWMA: what the LSTM
     # workload, whose gains fall quickly with the CF (~0.6 at 10x), needs to climb.
     "gravac_eps0.3": ("gravac_exp_topk.yaml", ["compression.gravac.window=25",
