@@ -27,8 +27,10 @@ Extensions, each opt-in and measured in docs/BENCHMARKS.md (docs/ALGORITHM.md §
 * ``dense_probe_steps=N`` (E2): the last N steps of the first window are sent dense, so
   dense throughput is in the table from the first evaluation.
 * ``settle_dense=True`` (E3): when dense's compression throughput beats the best CF's by
-  more than ω, train dense; every ``dense_reprobe`` dense windows, one window runs the
-  ladder again (θmin and the next candidate) so a phase change is noticed.
+  more than ω, or when no step of a window cleared ε (every step went dense after paying
+  for both compression levels), train dense without compressing; every ``dense_reprobe``
+  dense windows, one window runs the ladder again (θmin and the next candidate, with the
+  gain averages restarted from that window's samples) so a phase change is noticed.
 * ``warmup_windows=W``: the first W windows run at θmin only (the paper: none).
 * ``gain_measure="norm"``: Σ‖g_c‖ / Σ‖g‖ (the authors' public code) instead of the energy
   ratio Σ‖g_c‖² / Σ‖g_ef‖² of Algorithm 1; the optimizer measures it (``StepPlan``).
@@ -68,7 +70,8 @@ class GraVAC(Controller):
         scale_up: when θmin scales up to θc at a window's end: ``"gain"`` (the paper:
             their gains are within ω) or ``"epsilon"`` (also when δc >= ε; extension E1).
         settle_dense: train dense while dense's compression throughput beats the best
-            CF's by more than ω (extension E3).
+            CF's by more than ω, or after a window in which no step cleared ε
+            (extension E3).
         dense_reprobe: with ``settle_dense``, dense windows between two windows that run
             the ladder again (>= 1).
 
@@ -257,6 +260,10 @@ class GraVAC(Controller):
         s = {k: copy.deepcopy(v) for k, v in self._state.items() if k != "decisions"}
         measured_min, measured_c = s["delta_min"], s["delta_c"]
         theta_c0 = s["theta_c"]
+        # Every step of the window sent dense: no level cleared ε, so both compression
+        # passes were pure cost (E3 acts on it; the paper's rule keeps compressing).
+        window_went_dense = bool(s["window_sums"]) and \
+            all(float(cf) <= 1.0 for cf in s["window_sums"])
         for cf, (total, count) in s["window_sums"].items():
             s["table"][cf] = total / count
         s["window_sums"] = {}
@@ -267,6 +274,9 @@ class GraVAC(Controller):
             s["dense_windows"] += 1
             if s["dense_windows"] >= self.dense_reprobe:
                 s["on_dense"], s["dense_windows"], reprobe = False, 0, True
+                # No gains were measured on dense: averages from before would decide the
+                # re-probe (with α = N/100 for many windows), not the gradients of now.
+                s["delta_min"] = s["delta_c"] = None
         else:
             if s["candidate_measured"] and s["theta_c"] > s["theta_min"]:
                 scaled_up = self._scale_up(s)
@@ -282,7 +292,7 @@ class GraVAC(Controller):
             if ideal is not None:
                 s["theta_c"] = ideal
                 s["theta_min"] = min(s["theta_min"], ideal)
-            if self.settle_dense and dense_pays(s["table"], self.omega):
+            if self.settle_dense and (window_went_dense or dense_pays(s["table"], self.omega)):
                 s["on_dense"], s["dense_windows"] = True, 0
         if s["theta_c"] != theta_c0:
             s["delta_c"] = None       # a new candidate: its gain restarts

@@ -175,7 +175,9 @@ def test_settle_dense_needs_a_margin_and_reprobes():
     dense_reprobe windows one window runs the ladder again; once compression pays (a
     phase change makes it faster), GraVAC leaves dense."""
     phase = {"compressed": 1040.0}
-    gains = lambda s, p: (0.5, 0.4) if s < 10 else (0.95, 0.5)
+    # window 0 compresses (988 at 10x; dense not measured yet), window 1 is a critical
+    # phase that goes dense (1000): no step of it cleared ε, and dense beats 988 by > ω
+    gains = lambda s, p: (0.5, 0.4) if 10 <= s < 20 else (0.95, 0.5)
     ctrl = GraVAC(theta_min=10, theta_max=1000, omega=0.01, window=10, alpha=1.0, epsilon=0.9,
                   settle_dense=True, dense_reprobe=2)
     speed = lambda cf: 1000.0 if cf == 1 else phase["compressed"]
@@ -195,10 +197,31 @@ def test_settle_dense_needs_a_margin_and_reprobes():
     # within ω of each other: compression stays
     close = GraVAC(theta_min=10, theta_max=1000, omega=0.01, window=10, alpha=1.0, epsilon=0.9,
                    settle_dense=True)
-    run(close, 20, gains, lambda cf: 1000.0 if cf == 1 else 1050.0)   # 997.5 vs 1000
+    run(close, 20, lambda s, p: (0.5, 0.4) if s < 5 else (0.95, 0.5),
+        lambda cf: 1000.0 if cf == 1 else 1050.0)                      # 997.5 vs 1000
     assert not close.on_dense
     with pytest.raises(ValueError, match="dense_reprobe"):
         GraVAC(settle_dense=True, dense_reprobe=0)
+
+
+def test_settle_dense_stops_compressing_after_a_window_where_nothing_cleared_epsilon():
+    """E3 (BENCHMARKS §3d, ResNet-18): gains at θmin stay below ε, so every step goes
+    dense after paying for both compression levels. The paper's rule keeps compressing
+    (and discarding); settle_dense trains dense without compressing, and its re-probe
+    window restarts the gain averages so that today's gradients decide."""
+    low = lambda s, p: (0.6, 0.4)
+    paper = GraVAC(theta_min=10, theta_max=1000, window=10, epsilon=0.7)
+    log = run(paper, 40, low, lambda cf: 100.0)
+    assert all(sent == "dense" and theta_min == 10 for _, sent, _, theta_min, _ in log)
+    ctrl = GraVAC(theta_min=10, theta_max=1000, window=10, epsilon=0.7, settle_dense=True,
+                  dense_reprobe=2)
+    log = run(ctrl, 30, low, lambda cf: 100.0)
+    assert [theta_min for _, _, _, theta_min, _ in log] == [10] * 10 + [1.0] * 20
+    assert ctrl.decisions[-1]["reprobe"] and ctrl.delta_min is None
+    # the gradients compress again: the re-probe's first sample, not the old average
+    log += run(ctrl, 10, lambda s, p: (0.9, 0.8), lambda cf: 100.0 * cf, start=30)
+    assert [sent for _, sent, _, _, _ in log[30:40]] == ["candidate"] * 10
+    assert not ctrl.on_dense
 
 
 def test_dense_probe_measures_dense_but_only_settle_dense_acts_on_it():
