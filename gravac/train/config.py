@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import math
+import os
 import re
 import types
 import typing
@@ -161,18 +163,33 @@ def deep_merge(base: dict, override: dict) -> dict:
 
 
 def read_yaml(path: str | Path) -> dict:
-    path = Path(path)
+    path = Path(path).expanduser()
     if not path.is_file():
         raise ConfigError(f"config file {str(path)!r} not found")
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {str(path)!r} is not valid YAML: "
-                          f"{str(exc).splitlines()[0]}") from None
+        raise ConfigError(f"{yaml_error_where(path, exc)}: not valid YAML: "
+                          f"{yaml_problem(exc)}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"config file {str(path)!r} must hold a mapping of sections "
                           f"(run, model, data, optimizer, compression), got {type(data).__name__}")
     return data
+
+
+def yaml_error_where(path, exc: yaml.YAMLError) -> str:
+    """``file:line:column`` of a YAML error (1-based, as editors count), or the file alone."""
+    mark = getattr(exc, "problem_mark", None)
+    return f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+
+
+def yaml_problem(exc: yaml.YAMLError) -> str:
+    """The YAML error's problem in a few words ("mapping values are not allowed here")."""
+    problem = getattr(exc, "problem", None)
+    context = getattr(exc, "context", None)
+    if problem:
+        return f"{context}, {problem}" if context else problem
+    return str(exc).splitlines()[0]
 
 
 def parse_override(text: str) -> dict:
@@ -201,6 +218,10 @@ def load_config(files: list[str | Path], overrides: list[str] = ()) -> Config:
     for text in overrides:
         data = deep_merge(data, parse_override(text))
     cfg = from_dict(Config, data)
+    # "~/runs" in a file or a --set is not expanded by the shell
+    cfg.run.output_dir = os.path.expanduser(cfg.run.output_dir)
+    if cfg.data.root:
+        cfg.data.root = os.path.expanduser(cfg.data.root)
     resolve_name(cfg)
     validate(cfg)
     return cfg
@@ -264,13 +285,18 @@ def _coerce(tp, value, key: str):
         if isinstance(value, float) and value.is_integer():
             return int(value)
     elif tp is float:
+        number = None
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):       # YAML reads 1e-4 as a string (no dot)
+            number = float(value)
+        elif isinstance(value, str):     # YAML reads 1e-4 as a string (no dot)
             try:
-                return float(value)
+                number = float(value)
             except ValueError:
                 pass
+        if number is not None:
+            if not math.isfinite(number):   # YAML's .inf / .nan, or "inf" / "nan"
+                raise ConfigError(f"{key}={value!r}: must be a finite number")
+            return number
     elif tp is str:
         if isinstance(value, str):
             return value
@@ -332,6 +358,7 @@ def validate(cfg: Config) -> None:
              "must be >= 0 seconds (0 turns the stall watchdog off)")
     _require(r.elastic_commit_interval >= 1, "run.elastic_commit_interval",
              r.elastic_commit_interval, "must be >= 1 (steps between in-memory commits)")
+    _check_output_path(r)
     from ..comm import BACKENDS
     _require(r.backend in BACKENDS, "run.backend", r.backend, f"must be one of {', '.join(BACKENDS)}")
     _require(not (r.elastic and r.backend in ("torch", "local")), "run.backend", r.backend,
@@ -377,6 +404,10 @@ def validate(cfg: Config) -> None:
              "must be skip (skip the step on every rank) or raise (stop the run)")
     _require(c.max_consecutive_skips >= 0, "compression.max_consecutive_skips",
              c.max_consecutive_skips, "must be >= 0")
+    _require(c.controller == "dense" or c.compressor != "none", "compression.compressor",
+             c.compressor, f"compression.controller={c.controller} needs a sparsifier "
+             "(topk, dgc, redsync or randomk); for no compression use "
+             "compression.controller=dense")
     if c.controller != "dense":
         from .. import compressors
         try:
@@ -387,6 +418,22 @@ def validate(cfg: Config) -> None:
             build_controller(c)
         except ValueError as exc:
             raise ConfigError(_config_key_error(c.controller, str(exc))) from None
+
+
+def _check_output_path(r: RunConfig) -> None:
+    """The run folder (output_dir/name) must be creatable: no file where it or a parent
+    folder goes, and the nearest existing folder writable."""
+    run_dir = Path(r.output_dir) / r.name
+    for path in [run_dir, *run_dir.parents]:
+        if path.exists():
+            if not path.is_dir():
+                raise ConfigError(f"run.output_dir={r.output_dir!r}: {str(path)!r} is a file, "
+                                  "not a folder; move it away or set run.output_dir / "
+                                  "run.name to another place")
+            if not os.access(path, os.W_OK | os.X_OK):
+                raise ConfigError(f"run.output_dir={r.output_dir!r}: {str(path)!r} is not "
+                                  "writable; set run.output_dir to a folder you can write")
+            return
 
 
 def _config_key_error(controller: str, message: str) -> str:

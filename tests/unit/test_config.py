@@ -57,6 +57,15 @@ def test_set_parses_yaml_values_without_eval():
     (["run.steps=5", "nonsense.key=1"], "unknown key 'nonsense'; known keys: run, model, data"),
     (["run.steps=5", "optimizer.lr_milestones=[9, 3]"], "must be increasing"),
     (["run.steps=5", 'run.name="x-{modle}"'], "placeholders may only be"),
+    # issue 16: infinite / NaN numbers, a sparsifier-less compressed controller
+    (["run.steps=5", "optimizer.lr=.inf"], r"optimizer.lr=inf: must be a finite number"),
+    (["run.steps=5", "optimizer.lr=.nan"], r"optimizer.lr=nan: must be a finite number"),
+    (["run.steps=5", "compression.gravac.epsilon=inf"],
+     r"compression.gravac.epsilon='inf': must be a finite number"),
+    (["run.steps=5", "compression.controller=gravac", "compression.compressor=none"],
+     "compression.compressor='none': compression.controller=gravac needs a sparsifier"),
+    (["run.steps=5", "compression.controller=accordion", "compression.compressor=none"],
+     "compression.controller=accordion needs a sparsifier"),
 ])
 def test_errors_name_key_value_and_what_is_allowed(overrides, message):
     with pytest.raises(ConfigError, match=message):
@@ -72,6 +81,46 @@ def test_missing_and_malformed_files(tmp_path):
     scalar = _write(tmp_path, "s.yaml", "42\n")
     with pytest.raises(ConfigError, match="must hold a mapping"):
         load_config([scalar])
+
+
+def test_yaml_errors_name_file_line_and_column(tmp_path):
+    bad = _write(tmp_path, "bad.yaml", "run:\n  steps: 5\n  name: a: b\n")
+    with pytest.raises(ConfigError) as err:
+        load_config([bad])
+    assert str(err.value) == (f"{bad}:3:10: not valid YAML: mapping values are not allowed "
+                              "here")
+
+
+def test_output_path_blocked_by_a_file_is_a_config_error(tmp_path):
+    blocker = _write(tmp_path, "runs", "not a folder")
+    with pytest.raises(ConfigError, match=rf"run.output_dir='{blocker}': '{blocker}' is a file"):
+        load_config([], ["run.steps=5", f"run.output_dir={blocker}"])
+    (tmp_path / "out").mkdir()
+    _write(tmp_path / "out", "myrun", "")
+    with pytest.raises(ConfigError, match=r"out/myrun' is a file, not a folder"):
+        load_config([], ["run.steps=5", f"run.output_dir={tmp_path / 'out'}", "run.name=myrun"])
+    with pytest.raises(ConfigError, match=r"runs' is a file"):     # a parent is the file
+        load_config([], ["run.steps=5", f"run.output_dir={blocker / 'deeper'}"])
+    assert load_config([], ["run.steps=5", f"run.output_dir={tmp_path / 'new' / 'x'}"])
+
+
+def test_cli_blocked_output_dir_exits_2_in_dry_run_and_real_run(tmp_path):
+    blocker = _write(tmp_path, "runs", "")
+    for extra in (["--dry-run"], []):
+        proc = subprocess.run([sys.executable, "train.py", "--config", "configs/demo.yaml",
+                               "--set", f"run.output_dir={blocker}", *extra], cwd=REPO,
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 2, proc.stderr
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and "is a file, not a folder" in lines[0]
+
+
+def test_tilde_in_paths_is_expanded(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    _write(tmp_path, "c.yaml", "run: {steps: 3}\n")
+    cfg = load_config(["~/c.yaml"], ["run.output_dir=~/runs", "data.root=~/data"])
+    assert cfg.run.steps == 3
+    assert cfg.run.output_dir == str(tmp_path / "runs") and cfg.data.root == str(tmp_path / "data")
 
 
 def test_cli_config_error_exits_2_with_one_line():
