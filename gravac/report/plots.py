@@ -98,13 +98,18 @@ def plot_loss(runs: Sequence[Run], x: str = "step") -> Figure:
     """Training loss from step lines vs ``x`` ("step" or "time": what a faster link or a
     higher CF buys shows only against wall-clock time)."""
     fig, (ax,) = _figure()
-    plotted = False
+    plotted, positive = False, True
     for i, run in enumerate(runs):
         pairs = [(r["step"] if x == "step" else r["time"], r["loss"]) for r in run.steps
                  if r.get("loss") is not None and (x == "step" or r.get("time") is not None)]
         if pairs:
             ax.plot(*zip(*pairs), color=_color(i), label=run.label, linewidth=1.2)
             plotted = True
+            positive = positive and all(loss > 0 for _, loss in pairs)
+    if plotted and positive:
+        # the first steps' loss is several times the rest: on a linear axis the rest of
+        # the run is a flat line at the bottom
+        ax.set_yscale("log")
     _finish(ax, "step" if x == "step" else "wall-clock time (s)", "training loss",
             f"Training loss vs {x}", plotted, "step records")
     return fig

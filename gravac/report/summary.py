@@ -72,11 +72,20 @@ def decisions_section(run: Run) -> list[str]:
     lines = [f"### {run.label}", ""]
     if not run.windows:
         return lines + ["No window records logged.", ""]
-    rows = [[str(w["step"]), _num(w.get("theta_min"), "g"), _num(w.get("theta_c"), "g"),
-             _num(w.get("delta_min"), ".4g"), _num(w.get("delta_c"), ".4g"),
+    rows = [[str(w.get("window", i)), str(window_end_step(w)), _num(w.get("theta_min"), "g"),
+             _num(w.get("theta_c"), "g"), _num(w.get("delta_min"), ".4g"),
+             _num(w.get("delta_c"), ".4g"),
              DASH if w.get("settled") is None else ("yes" if w["settled"] else "no")]
-            for w in run.windows]
-    return lines + _table(["Step", "θmin", "θc", "δmin", "δc", "Settled"], rows) + [""]
+            for i, w in enumerate(run.windows, start=1)]
+    return lines + _table(["Window", "After step", "θmin", "θc", "δmin", "δc", "Settled"],
+                          rows) + [""]
+
+
+def window_end_step(record: dict) -> int:
+    """Steps done when the window ended, counted like step and eval records (from 1).
+    Records without a "window" number come from trainers that logged the controller's
+    0-based index of the window's last step."""
+    return int(record["step"]) if "window" in record else int(record["step"]) + 1
 
 
 def render_markdown(runs: Sequence[Run], rows: Sequence[RunSummary], baseline: Run | None,

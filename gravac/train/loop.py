@@ -390,10 +390,14 @@ class Trainer:
                               samples_per_sec=entry["samples_per_sec"])
         controller = self.controller
         if controller is not None and len(controller.decisions) > self._decisions_logged:
-            for d in controller.decisions[self._decisions_logged:]:
+            for number, d in enumerate(controller.decisions[self._decisions_logged:],
+                                       start=self._decisions_logged + 1):
                 if "table" in d:                   # GraVAC window decisions
+                    # "step" counts steps done, as step and eval records do (the controller
+                    # indexes steps from 0); "window" numbers windows from 1.
                     self.log.record({"kind": "window", "time": elapsed,
                                      **{k: v for k, v in d.items() if k != "table"},
+                                     "step": d["step"] + 1, "window": number,
                                      "table": {str(k): v for k, v in d["table"].items()}})
             self._decisions_logged = len(controller.decisions)
 

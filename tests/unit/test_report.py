@@ -69,7 +69,10 @@ def gravac_run(path):
         {"kind": "window", "step": 49, "time": 40.0, "theta_min": 10.0, "theta_c": 20.0,
          "delta_min": 0.9, "delta_c": 0.8, "table": {"10.0": 900.0, "20.0": 1500.0},
          "settled": False},
-        {"kind": "window", "step": 99, "time": 80.0, "theta_min": 20.0, "theta_c": 40.0,
+        # the first record as older trainers wrote it (the 0-based index of the window's
+        # last step), the second as now (steps done, and the window's number from 1)
+        {"kind": "window", "step": 100, "window": 2, "time": 80.0, "theta_min": 20.0,
+         "theta_c": 40.0,
          "delta_min": 0.85, "delta_c": 0.6,
          "table": {"10.0": 950.0, "20.0": 1600.0, "40.0": 1200.0}, "settled": True},
     ]
@@ -186,8 +189,10 @@ def test_report_lists_runs_decisions_and_images(four_runs):
     decisions = text.split("## GraVAC decisions", 1)[1].split("## Plots", 1)[0]
     assert "### resnet-gravac" in decisions and "### lstm-gravac" in decisions
     assert "### resnet-static" not in decisions
-    assert "| 49 | 10 | 20 | 0.9 | 0.8 | no |" in decisions
-    assert "| 99 | 20 | 40 | 0.85 | 0.6 | yes |" in decisions
+    # windows numbered from 1 and ended "after step 50", as evaluations count steps
+    assert "| Window | After step | θmin | θc | δmin | δc | Settled |" in decisions
+    assert "| 1 | 50 | 10 | 20 | 0.9 | 0.8 | no |" in decisions
+    assert "| 2 | 100 | 20 | 40 | 0.85 | 0.6 | yes |" in decisions
     assert "No window records logged." in decisions  # the LSTM run has none
     for name in PNG_NAMES:
         assert f"]({name})" in text
@@ -292,3 +297,14 @@ def test_cli_with_explicit_baseline(tmp_path, capsys, monkeypatch):
     assert list(rows) == ["resnet-dense", "resnet-gravac", "resnet-static"]
     assert rows["resnet-gravac"]["Speedup vs baseline"] == "2.50x"
     assert rows["resnet-static"]["Comm. saving vs baseline"] == "100.00x"
+
+
+def test_loss_plot_uses_a_log_scale(tmp_path):
+    """The first steps' loss dwarfs the rest; on a linear axis the curve is flat."""
+    from gravac.report.plots import plot_loss
+
+    run = load_run(gravac_run(tmp_path / "g"))
+    fig = plot_loss([run])
+    assert fig.axes[0].get_yscale() == "log"
+    fig = plot_loss([run], "time")
+    assert fig.axes[0].get_yscale() == "log"
