@@ -144,6 +144,7 @@ class Trainer:
         self.elapsed0 = 0.0
         self.cum_floats = self.cum_dense = 0
         self.resumed = False
+        self._final, self._resumed_at = None, None
         self.started = False                     # elastic: set once the run has begun
         self.log = RunLogger(self.run_dir, enabled=False, total_steps=0)
         self._clock0 = time.perf_counter()
@@ -200,6 +201,8 @@ class Trainer:
         set_rng_state(rank_state["rng"])
         self.task.load_state_dict(rank_state["task"])
         self.step, self.epoch = common["step"], common["epoch"]
+        # A finished run's last checkpoint holds its final evaluation (None before that).
+        self._final, self._resumed_at = common.get("final"), self.step
         self.batch_in_epoch = common["batch_in_epoch"]
         self.elapsed0 = common["elapsed"]
         self.cum_floats, self.cum_dense = common["cum_floats"], common["cum_dense"]
@@ -300,7 +303,7 @@ class Trainer:
                   "step": self.step, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
                   "elapsed": self.elapsed(), "cum_floats": self.cum_floats,
                   "cum_dense": self.cum_dense, "config": to_dict(self.cfg),
-                  "world_size": self.world}
+                  "world_size": self.world, "final": self._final}
         rank_state = {"optimizer": self.opt.state_dict(), "rng": rng_state(),
                       "task": self.task.state_dict()}
         save_checkpoint(self.run_dir, self.step, common, rank_state, self.comm,
@@ -403,9 +406,17 @@ class Trainer:
 
     def finish(self) -> dict:
         """Collective: final evaluation and checkpoint; rank 0 closes the log and reports."""
-        final = self.evaluate()
-        self.checkpoint()
-        elapsed = self.elapsed()
+        if self._final is not None and self.step == self._resumed_at:
+            # --resume of a run that had finished: its final evaluation and checkpoint are
+            # in place already (every rank read the same checkpoint, so all skip them)
+            final, elapsed = self._final, self.elapsed()
+            self.log.message(f"the run had finished its {self.step} steps already; "
+                             "raise run.steps to train on")
+        else:
+            final = self._final = self.evaluate()
+            self.checkpoint()
+            elapsed = self.elapsed()
+        # resuming drops run_end records (truncate_metrics): the run ends here again
         self.log.record({"kind": "run_end", "step": self.step, "time": elapsed, "final": final})
         self.log.close()
         if self.rank == 0:

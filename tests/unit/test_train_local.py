@@ -34,3 +34,24 @@ def test_local_backend_trains_and_logs_the_step_record(tmp_path, compression):
     else:
         assert {r["theta_min"] for r in steps} == {10.0}
         assert any(r["delta_min"] is not None for r in steps)
+
+
+def test_resuming_a_finished_run_logs_its_final_evaluation_once(tmp_path, capsys):
+    """Issue 16: --resume of a run that has finished must not evaluate (and log) again."""
+    sets = [f"run.output_dir={tmp_path}", "run.name=done", "run.steps=20", "run.backend=local",
+            "run.progress=never", "run.report=false"]
+    first = train(load_config([str(REPO / "configs/demo.yaml")], sets))
+    again = train(load_config([str(REPO / "configs/demo.yaml")], sets), resume=True)
+    assert again["final"] == first["final"] and again["steps"] == 20
+    assert "had finished its 20 steps already" in capsys.readouterr().out
+    records = [json.loads(line) for line in
+               (tmp_path / "done" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if r["kind"] == "eval"] == [20]
+    assert [r["step"] for r in records if r["kind"] == "run_end"] == [20]
+    # and a longer run still evaluates at its new end
+    longer = train(load_config([str(REPO / "configs/demo.yaml")], sets[:2] + [
+        "run.steps=30", *sets[3:]]), resume=True)
+    records = [json.loads(line) for line in
+               (tmp_path / "done" / "metrics.jsonl").read_text().splitlines()]
+    assert longer["steps"] == 30
+    assert [r["step"] for r in records if r["kind"] == "eval"] == [20, 30]
