@@ -69,6 +69,9 @@ class RunConfig:
     # Transport: "auto" (whichever launched this process: torchrun -> torch, else
     # horovod), "horovod" or "torch" (torch.distributed: gloo on CPU, nccl on GPU).
     backend: str = "auto"
+    # --resume refuses config changes outside gravac/train/resume.py's MAY_CHANGE unless
+    # named here (dotted keys or sections, e.g. [optimizer.lr]) or "all".
+    resume_allow_changes: list[str] | str = field(default_factory=list)
 
 
 @dataclass
@@ -359,6 +362,11 @@ def validate(cfg: Config) -> None:
     _require(r.elastic_commit_interval >= 1, "run.elastic_commit_interval",
              r.elastic_commit_interval, "must be >= 1 (steps between in-memory commits)")
     _check_output_path(r)
+    from .resume import unknown_allowed
+    unknown = unknown_allowed(r.resume_allow_changes, to_dict(Config()))
+    _require(not unknown, "run.resume_allow_changes", r.resume_allow_changes,
+             f"names no config key: {', '.join(unknown)} (dotted keys or sections such as "
+             "optimizer.lr or compression, or all)")
     from ..comm import BACKENDS
     _require(r.backend in BACKENDS, "run.backend", r.backend, f"must be one of {', '.join(BACKENDS)}")
     _require(not (r.elastic and r.backend in ("torch", "local")), "run.backend", r.backend,

@@ -32,6 +32,7 @@ from ..util.atomic import atomic_write_text
 from .checkpoint import latest_info, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from .config import Config, ConfigError, build_controller, dump_yaml, to_dict
 from .monitor import METRICS, RunLogger, truncate_metrics
+from .resume import check_resume_config
 from .tasks import build_task
 from .watchdog import StallWatchdog
 
@@ -82,6 +83,8 @@ def _prepare_run_dir(cfg: Config, run_dir: Path, resume: bool, comm: Comm) -> No
             if latest_info(run_dir) is None:
                 problem = (f"--resume: no checkpoint in {run_dir / 'checkpoints'}; start without "
                            "--resume, or set run.output_dir/run.name to the run to continue")
+            else:
+                problem = _resume_config_problem(cfg, run_dir)
         elif occupied and not cfg.run.overwrite:
             problem = (f"{run_dir} already holds a run; continue it with --resume, replace it "
                        "with --set run.overwrite=true, or choose another run.name")
@@ -92,6 +95,23 @@ def _prepare_run_dir(cfg: Config, run_dir: Path, resume: bool, comm: Comm) -> No
         raise ConfigError(problem)
     if comm.rank == 0:
         atomic_write_text(run_dir / "config.yaml", dump_yaml(cfg))
+
+
+def _resume_config_problem(cfg: Config, run_dir: Path) -> str | None:
+    """Rank 0: the resumed config against the run's own (config.yaml, written when it
+    started); prints the changes it allows."""
+    import yaml
+
+    try:
+        old = yaml.safe_load((run_dir / "config.yaml").read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        print(f"resume: cannot compare with {run_dir / 'config.yaml'} ({exc}); "
+              "continuing with the config given", flush=True)
+        return None
+    problem, notes = check_resume_config(old if isinstance(old, dict) else {}, cfg)
+    for line in notes:
+        print(line, flush=True)
+    return problem
 
 
 def _step_stats(opt, step: int, dense_numel: int) -> StepStats:
@@ -195,7 +215,14 @@ class Trainer:
                               f"ranks, this job has {self.world}; run it with {info['world_size']} "
                               f"ranks (horovodrun -np {info['world_size']} or torchrun "
                               f"--nproc-per-node ...)")
-        self.model.load_state_dict(common["model"])
+        try:
+            self.model.load_state_dict(common["model"])
+        except RuntimeError as exc:       # every rank builds the same model: all fail here
+            first = next((line.strip() for line in str(exc).splitlines()[1:] if line.strip()),
+                         str(exc))
+            raise ConfigError(f"--resume: the checkpoint in {self.run_dir / 'checkpoints'} "
+                              f"holds another model ({first}); resume with the run's "
+                              "model settings or start a new run") from None
         self.opt.load_state_dict(rank_state["optimizer"])
         self.scheduler.load_state_dict(common["scheduler"])
         set_rng_state(rank_state["rng"])

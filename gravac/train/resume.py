@@ -1,0 +1,95 @@
+"""What ``--resume`` may change: the run's resolved config against the one it started with.
+
+A resumed run continues the same experiment: its model, data, optimizer and compression
+must be those the checkpoint was written with, or the checkpoint does not fit (another
+model: a size mismatch) or the run silently becomes another experiment under the old name
+(another compressor: the report still says the old one). Fields that only say how long to
+train, how often to evaluate, checkpoint and log, and where things are, may change; any
+other change is refused unless ``run.resume_allow_changes`` names it.
+
+Example::
+
+    old = yaml.safe_load((run_dir / "config.yaml").read_text())
+    problem, notes = check_resume_config(old, cfg)   # problem: one line, or None
+"""
+from __future__ import annotations
+
+#: Dotted config keys (or prefixes) a resumed run may change freely.
+MAY_CHANGE = (
+    "run.name", "run.tag", "run.output_dir",            # how the run was found
+    "run.steps", "run.epochs",                           # how long to train
+    "run.eval_interval", "run.eval_batches",             # evaluation
+    "run.checkpoint_interval", "run.keep_checkpoints",   # checkpoints
+    "run.log_interval", "run.progress", "run.report",    # logging
+    "run.overwrite", "run.threads", "run.stall_timeout",
+    "run.elastic_commit_interval", "run.backend",        # the transport: same math
+    "run.resume_allow_changes",
+    "data.root",                                         # the same data, moved
+    "data.eval_batch_size",
+)
+
+
+def flatten(tree: dict, prefix: str = "") -> dict:
+    """``{"a": {"b": 1}}`` as ``{"a.b": 1}``; lists and mapping-valued options whose keys
+    are free (``compressor_options``, ``model.options``) are leaves compared as a whole."""
+    flat = {}
+    for key, value in tree.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict) and not path.endswith("options"):
+            flat.update(flatten(value, path + "."))
+        else:
+            flat[path] = value
+    return flat
+
+
+def _covered(key: str, names) -> bool:
+    return any(key == n or key.startswith(n + ".") for n in names)
+
+
+def config_changes(old: dict, new: dict, defaults: dict) -> dict:
+    """``{key: (old, new)}`` for every leaf that differs; a key the old config lacks (a
+    field added since) counts as its default."""
+    old_flat, new_flat, default_flat = flatten(old), flatten(new), flatten(defaults)
+    changes = {}
+    for key in sorted(set(old_flat) | set(new_flat)):
+        before = old_flat.get(key, default_flat.get(key))
+        after = new_flat.get(key, default_flat.get(key))
+        if before != after:
+            changes[key] = (before, after)
+    return changes
+
+
+def allow_list(value) -> list[str]:
+    """``run.resume_allow_changes`` as a list (``all`` or one name may be given bare)."""
+    if value is None:
+        return []
+    return [value] if isinstance(value, str) else list(value)
+
+
+def unknown_allowed(value, defaults: dict) -> list[str]:
+    """Names in ``run.resume_allow_changes`` that are no config key or section."""
+    keys = flatten(defaults)
+    return [n for n in allow_list(value)
+            if n != "all" and not any(k == n or k.startswith(n + ".") for k in keys)]
+
+
+def check_resume_config(old: dict, cfg) -> tuple[str | None, list[str]]:
+    """(the one-line refusal or None, lines naming the allowed changes) for resuming the
+    run whose resolved config was ``old`` with ``cfg``."""
+    from .config import Config, to_dict
+
+    allowed = allow_list(cfg.run.resume_allow_changes)
+    changes = config_changes(old, to_dict(cfg), to_dict(Config()))
+    free = {k: v for k, v in changes.items() if _covered(k, MAY_CHANGE)}
+    rest = {k: v for k, v in changes.items() if k not in free}
+    forced = rest if "all" in allowed else {k: v for k, v in rest.items()
+                                           if _covered(k, allowed)}
+    refused = {k: v for k, v in rest.items() if k not in forced}
+    shown = lambda items: ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in items.items())
+    if refused:
+        names = ",".join(refused)
+        return (f"--resume: the config differs from the run's in {shown(refused)}; a resumed "
+                f"run continues the same experiment. Undo the change, start a new run "
+                f"(another run.name), or force it with --set run.resume_allow_changes="
+                f"[{names}] (or all)"), []
+    return None, [f"resume: allowed change {k} {a!r} -> {b!r}" for k, (a, b) in forced.items()]

@@ -1,0 +1,80 @@
+"""Issue 16: --resume compares the config with the run's own and refuses what may not
+change (gravac/train/resume.py), in one line, before anything is loaded or rewritten."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gravac.train.config import Config, ConfigError, load_config, to_dict
+from gravac.train.resume import MAY_CHANGE, check_resume_config, config_changes
+
+REPO = Path(__file__).resolve().parents[2]
+DEMO = str(REPO / "configs/demo.yaml")
+
+
+def test_changes_are_listed_with_old_and_new_values():
+    old = to_dict(load_config([DEMO]))
+    new = load_config([DEMO], ["optimizer.lr=0.02", "run.steps=999", "data.root=/elsewhere"])
+    assert config_changes(old, to_dict(new), to_dict(Config())) == {
+        "optimizer.lr": (old["optimizer"]["lr"], 0.02), "run.steps": (old["run"]["steps"], 999),
+        "data.root": (None, "/elsewhere")}
+    problem, notes = check_resume_config(old, new)
+    assert problem == (
+        f"--resume: the config differs from the run's in optimizer.lr {old['optimizer']['lr']!r}"
+        " -> 0.02; a resumed run continues the same experiment. Undo the change, start a new "
+        "run (another run.name), or force it with --set run.resume_allow_changes="
+        "[optimizer.lr] (or all)")
+    forced = load_config([DEMO], ["optimizer.lr=0.02", "run.resume_allow_changes=[optimizer]"])
+    assert check_resume_config(old, forced) == (
+        None, [f"resume: allowed change optimizer.lr {old['optimizer']['lr']!r} -> 0.02"])
+    everything = load_config([DEMO], ["model.name=resnet18", "run.resume_allow_changes=all"])
+    assert check_resume_config(old, everything)[0] is None
+    # a field the old config.yaml lacks (added since) counts as its default
+    del old["run"]["stall_timeout"], old["compression"]["gravac"]["settle_dense"]
+    assert check_resume_config(old, load_config([DEMO])) == (None, [])
+    assert "run.steps" in MAY_CHANGE and "optimizer.lr" not in MAY_CHANGE
+
+
+def test_unknown_allowed_names_are_refused():
+    with pytest.raises(ConfigError, match=r"run.resume_allow_changes=\['optimiser.lr'\]: "
+                                          "names no config key: optimiser.lr"):
+        load_config([DEMO], ["run.resume_allow_changes=[optimiser.lr]"])
+
+
+def _train(tmp_path, *args):
+    return subprocess.run([sys.executable, "train.py", "--config", DEMO, *args, "--set",
+                           f"run.output_dir={tmp_path}", "--set", "run.name=r", "--set",
+                           "run.backend=local", "--set", "run.report=false"],
+                          cwd=REPO, capture_output=True, text=True, timeout=600)
+
+
+def test_resume_with_another_method_or_model_is_refused_in_one_line(tmp_path):
+    first = _train(tmp_path, "--set", "run.steps=20")
+    assert first.returncode == 0, first.stderr
+    config_yaml = (tmp_path / "r" / "config.yaml").read_text()
+    metrics = (tmp_path / "r" / "metrics.jsonl").read_text()
+    dense = _train(tmp_path, str(REPO / "configs/compression/dense.yaml"), "--resume",
+                   "--set", "run.steps=30")
+    assert dense.returncode == 2
+    lines = dense.stderr.strip().splitlines()
+    assert len(lines) == 1 and "compression.controller 'gravac' -> 'dense'" in lines[0]
+    assert "run.resume_allow_changes=[" in lines[0]
+    model = _train(tmp_path, "--resume", "--set", "run.steps=30", "--set",
+                   "model.name=wide_head_cnn")
+    assert model.returncode == 2 and "Traceback" not in model.stderr
+    assert "model.name 'small_cnn' -> 'wide_head_cnn'" in model.stderr
+    assert len(model.stderr.strip().splitlines()) == 1
+    forced_model = _train(tmp_path, "--resume", "--set", "run.steps=30", "--set",
+                          "model.name=wide_head_cnn", "--set", "run.resume_allow_changes=all")
+    assert forced_model.returncode == 2 and "Traceback" not in forced_model.stderr
+    assert "holds another model (" in forced_model.stderr
+    # nothing was rewritten by the refused resumes
+    assert (tmp_path / "r" / "config.yaml").read_text() == config_yaml
+    assert (tmp_path / "r" / "metrics.jsonl").read_text() == metrics
+    # a longer run is fine; a forced change is said and applied
+    forced = _train(tmp_path, "--resume", "--set", "run.steps=30", "--set", "optimizer.lr=0.01",
+                    "--set", "run.resume_allow_changes=[optimizer.lr]")
+    assert forced.returncode == 0, forced.stderr
+    assert "resume: allowed change optimizer.lr" in forced.stdout
+    assert "lr: 0.01" in (tmp_path / "r" / "config.yaml").read_text()
