@@ -93,7 +93,7 @@ def _prepare_run_dir(cfg: Config, run_dir: Path, resume: bool, comm: Comm) -> No
     problem = comm.broadcast_object(problem, name="gravac.run_dir")
     if problem:
         raise ConfigError(problem)
-    if comm.rank == 0:
+    if comm.rank == 0 and not resume:    # a resume writes it once the checkpoint has loaded
         atomic_write_text(run_dir / "config.yaml", dump_yaml(cfg))
 
 
@@ -235,6 +235,7 @@ class Trainer:
         self.cum_floats, self.cum_dense = common["cum_floats"], common["cum_dense"]
         self._clock0 = time.perf_counter()
         if rank == 0:
+            atomic_write_text(self.run_dir / "config.yaml", dump_yaml(self.cfg))
             truncate_metrics(self.run_dir, self.step)
             print(f"resuming from step {self.step} "
                   f"({self.run_dir / 'checkpoints' / info['dir']})", flush=True)
