@@ -55,9 +55,13 @@ def main(argv=None) -> int:
         return 2
     from .loop import train   # imports Horovod: only once the config is known to be good
 
+    from .signals import Interrupted
+
     try:
         train(cfg, resume=args.resume, dry_run=args.dry_run)
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)
         return 2
+    except Interrupted as stop:          # SIGINT/SIGTERM: checkpoint saved, said on rank 0
+        return stop.exit_code
     return 0

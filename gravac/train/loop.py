@@ -33,6 +33,7 @@ from .checkpoint import latest_info, load_checkpoint, rng_state, save_checkpoint
 from .config import Config, ConfigError, build_controller, dump_yaml, to_dict
 from .monitor import METRICS, RunLogger, truncate_metrics
 from .resume import check_resume_config
+from .signals import Interrupted, StopSignal
 from .tasks import build_task
 from .watchdog import StallWatchdog
 
@@ -165,6 +166,7 @@ class Trainer:
         self.cum_floats = self.cum_dense = 0
         self.resumed = False
         self._final, self._resumed_at = None, None
+        self.stop: StopSignal | None = None      # SIGINT/SIGTERM agreement (train() sets it)
         self.started = False                     # elastic: set once the run has begun
         self.log = RunLogger(self.run_dir, enabled=False, total_steps=0)
         self._clock0 = time.perf_counter()
@@ -326,7 +328,7 @@ class Trainer:
         return previous
 
     # -- work -----------------------------------------------------------------------------
-    def checkpoint(self) -> None:
+    def checkpoint(self) -> Path:
         common = {"model": self.model.state_dict(), "scheduler": self.scheduler.state_dict(),
                   "step": self.step, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
                   "elapsed": self.elapsed(), "cum_floats": self.cum_floats,
@@ -334,8 +336,8 @@ class Trainer:
                   "world_size": self.world, "final": self._final}
         rank_state = {"optimizer": self.opt.state_dict(), "rng": rng_state(),
                       "task": self.task.state_dict()}
-        save_checkpoint(self.run_dir, self.step, common, rank_state, self.comm,
-                        self.cfg.run.keep_checkpoints)
+        return save_checkpoint(self.run_dir, self.step, common, rank_state, self.comm,
+                               self.cfg.run.keep_checkpoints)
 
     def evaluate(self) -> dict:
         result = self.task.evaluate(self.cfg.run.eval_batches, self.comm)
@@ -384,6 +386,12 @@ class Trainer:
                 self._log_step(loss, lr, t_iter, samples_per_step)
                 watchdog.beat()
                 step = self.step
+                if self.stop is not None:
+                    signum = self.stop.agreed(self.comm, step)   # collective, every step
+                    if signum:
+                        with watchdog.paused():
+                            where = self.checkpoint()
+                        raise Interrupted(signum, step, str(where))
                 if cfg.run.eval_interval and step % cfg.run.eval_interval == 0 \
                         and step < self.total_steps:
                     with watchdog.paused():
@@ -462,17 +470,25 @@ def train(cfg: Config, resume: bool = False, dry_run: bool = False) -> dict:
             print(dump_yaml(cfg), end="")
             print(trainer.describe())
         return {"run_dir": str(trainer.run_dir), "dry_run": True}
-    if cfg.run.elastic:
-        from .elastic import train_elastic
-
-        return train_elastic(trainer, resume)
-    trainer.start(resume)
-    trainer.open_log()
+    trainer.stop = StopSignal(trainer.rank).install()
     try:
-        trainer.run()
-        return trainer.finish()
+        if cfg.run.elastic:
+            from .elastic import train_elastic
+
+            return train_elastic(trainer, resume)
+        trainer.start(resume)
+        trainer.open_log()
+        try:
+            trainer.run()
+            return trainer.finish()
+        finally:
+            trainer.close_log()
+    except Interrupted as stop:
+        if trainer.rank == 0:
+            print(stop, flush=True)              # "interrupted by SIGTERM at step N: ..."
+        raise
     finally:
-        trainer.close_log()
+        trainer.stop.uninstall()
 
 
 def _finish(cfg: Config, run_dir: Path, step: int, elapsed: float, final: dict) -> None:

@@ -1,0 +1,106 @@
+"""SIGTERM / SIGINT stop a run cleanly (issue 16): every rank agrees at a step boundary,
+a checkpoint is written at that step, the line says where, the job exits non-zero and
+--resume continues from there. Launches its own 2-rank jobs, under horovodrun and torchrun."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from jobs import LAUNCHERS, REPO, launch_train, rank_pid, read_records
+
+
+def _train(launcher: str, out: Path, name: str, steps: int, *extra: str) -> list[str]:
+    # checkpoint_interval 0: only the end of the run checkpoints, so any earlier
+    # checkpoint was written because of the signal
+    return [*launch_train(launcher), "--config", "configs/demo.yaml", "--set", f"run.output_dir={out}",
+            "--set", f"run.name={name}", "--set", f"run.steps={steps}",
+            "--set", "run.checkpoint_interval=0", "--set", "run.eval_interval=0",
+            "--set", "run.log_interval=1", "--set", "run.progress=never",
+            "--set", "run.report=false", *extra]
+
+
+def _last_step(run_dir: Path) -> int:
+    steps = [r["step"] for r in read_records(run_dir / "metrics.jsonl") if r["kind"] == "step"]
+    return max(steps, default=0)
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_sigterm_to_one_rank_checkpoints_on_every_rank_and_resume_continues(tmp_path, launcher):
+    """A scheduler's SIGTERM reaching one rank only (rank 1): both ranks stop at the same
+    step boundary and write the checkpoint together."""
+    name = "stopped"
+    run_dir = tmp_path / name
+    job = subprocess.Popen(_train(launcher, tmp_path, name, 1_000_000), cwd=REPO,
+                           start_new_session=True, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.time() + 300     # guard against a broken set-up, not a speed limit
+        while _last_step(run_dir) < 30 and time.time() < deadline and job.poll() is None:
+            time.sleep(0.2)
+        assert job.poll() is None, job.stdout.read()
+        pid = rank_pid(f"run.name={name}", 1)
+        assert pid is not None, "rank 1 not found"
+        os.kill(pid, signal.SIGTERM)
+        code = job.wait(timeout=300)
+        output = job.stdout.read()
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+    assert code != 0, output[-3000:]
+    latest = json.loads((run_dir / "checkpoints/latest.json").read_text())
+    step = latest["step"]
+    assert step >= 30 and latest["world_size"] == 2
+    assert sorted(p.name for p in (run_dir / "checkpoints" / latest["dir"]).iterdir()) == [
+        "common.pt", "rank_00000.pt", "rank_00001.pt"]
+    assert (f"interrupted by SIGTERM at step {step}: checkpoint saved to "
+            f"{run_dir / 'checkpoints' / latest['dir']}; continue with --resume") in output
+    assert "SIGTERM: stopping at the next step boundary" in output
+    resumed = subprocess.run(_train(launcher, tmp_path, name, step + 10) + ["--resume"], cwd=REPO,
+                             capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert f"resuming from step {step}" in resumed.stdout
+    assert json.loads((run_dir / "checkpoints/latest.json").read_text())["step"] == step + 10
+
+
+def test_sigint_exits_130_with_a_checkpoint(tmp_path):
+    """One process (run.backend=local), Ctrl-C: a checkpoint and exit code 130."""
+    run_dir = tmp_path / "ctrlc"
+    job = subprocess.Popen([sys.executable, "train.py", "--config", "configs/demo.yaml",
+                            "--set", f"run.output_dir={tmp_path}", "--set", "run.name=ctrlc",
+                            "--set", "run.steps=1000000", "--set", "run.backend=local",
+                            "--set", "run.log_interval=1", "--set", "run.progress=never",
+                            "--set", "run.report=false", "--set", "run.eval_interval=0"],
+                           cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 300
+    while _last_step(run_dir) < 10 and time.time() < deadline and job.poll() is None:
+        time.sleep(0.1)
+    job.send_signal(signal.SIGINT)
+    code = job.wait(timeout=300)
+    output = job.stdout.read()
+    assert code == 130, output[-3000:]
+    step = json.loads((run_dir / "checkpoints/latest.json").read_text())["step"]
+    assert f"interrupted by SIGINT at step {step}" in output and step >= 10
+
+
+def test_a_second_signal_exits_at_once():
+    """The first signal is only noted; the second ends the process with 128 + its number."""
+    code = ("import os, signal, time\n"
+            "from gravac.train.signals import StopSignal\n"
+            "stop = StopSignal(rank=3).install()\n"
+            "os.kill(os.getpid(), signal.SIGTERM)\n"
+            "time.sleep(0.2)\n"
+            "print('noted', stop.signum, flush=True)\n"
+            "os.kill(os.getpid(), signal.SIGINT)\n"
+            "time.sleep(30)\n"
+            "print('still running', flush=True)\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 130
+    assert proc.stdout == f"noted {int(signal.SIGTERM)}\n"
+    assert "[rank 3] SIGTERM: stopping at the next step boundary" in proc.stderr
+    assert "[rank 3] second SIGINT: exiting now, without a checkpoint" in proc.stderr
