@@ -18,6 +18,7 @@ Example::
 """
 from __future__ import annotations
 
+import errno
 import json
 import random
 import shutil
@@ -28,6 +29,11 @@ import torch
 from ..util.atomic import atomic_torch_save, atomic_write_text
 
 LATEST = "latest.json"
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be written (every rank raises it; the previous one is kept)."""
 
 
 def checkpoint_root(run_dir: str | Path) -> Path:
@@ -51,10 +57,26 @@ def save_checkpoint(run_dir, step: int, common: dict, rank_state: dict, comm,
     root = checkpoint_root(run_dir)
     name = f"step_{step:08d}"
     folder = root / name
-    atomic_torch_save(rank_state, folder / f"rank_{rank:05d}.pt")
-    if rank == 0:
-        atomic_torch_save(common, folder / "common.pt")
-    comm.barrier(f"gravac.checkpoint.{step}")
+    problem = None
+    writing = folder / f"rank_{rank:05d}.pt"
+    try:
+        atomic_torch_save(rank_state, writing)
+        if rank == 0:
+            writing = folder / "common.pt"
+            atomic_torch_save(common, writing)
+    except OSError as exc:
+        problem = _write_problem(exc, writing, step)
+    # Also the barrier: no rank names the checkpoint before every rank has written its file,
+    # and a rank whose write failed tells the others instead of leaving them waiting.
+    failed = torch.zeros(world_size)
+    failed[rank] = float(problem is not None)
+    failed = comm.allreduce(failed, op="sum", name=f"gravac.checkpoint.{step}")
+    if bool(failed.any()):
+        _discard_partial(root, folder)   # every rank (shared or local disks): no leftovers
+        comm.barrier(f"gravac.checkpoint.{step}.discarded")
+        ranks = [r for r, f in enumerate(failed.tolist()) if f]
+        raise CheckpointError(problem or f"the checkpoint of step {step} failed on rank(s) "
+                                         f"{ranks}; the previous checkpoint is kept")
     if rank == 0:
         atomic_write_text(root / LATEST, json.dumps({"step": step, "dir": name,
                                                      "world_size": world_size}))
@@ -64,9 +86,33 @@ def save_checkpoint(run_dir, step: int, common: dict, rank_state: dict, comm,
     return folder
 
 
+def _write_problem(exc: OSError, path: Path, step: int) -> str:
+    if exc.errno in NO_SPACE:
+        return (f"no space left on the device while writing {path}: the checkpoint of step "
+                f"{step} was not written (the previous one is kept); free space, or lower "
+                "run.keep_checkpoints")
+    return (f"cannot write {path}: {exc.strerror or exc}; the checkpoint of step {step} was "
+            "not written (the previous one is kept)")
+
+
+def _discard_partial(root: Path, folder: Path) -> None:
+    """Remove a failed save's folder unless latest.json names it (a re-save of the step
+    latest.json names keeps the complete files it had)."""
+    info = latest_info(root.parent)
+    if info is not None and info["dir"] == folder.name:
+        return
+    shutil.rmtree(folder, ignore_errors=True)
+
+
 def _prune(root: Path, keep: int, current: str) -> None:
+    """Keep the newest ``keep`` checkpoints up to ``current``. Folders after it are from
+    before a resume that fell back from them (a corrupt or unfinished checkpoint): they
+    are never the ones to keep."""
     folders = sorted(p for p in root.glob("step_*") if p.is_dir())
-    for old in folders[:-keep]:
+    for stale in (p for p in folders if p.name > current):
+        shutil.rmtree(stale, ignore_errors=True)
+    kept = [p for p in folders if p.name <= current]
+    for old in kept[:-keep]:
         if old.name != current:
             shutil.rmtree(old, ignore_errors=True)
 
@@ -89,12 +135,29 @@ def _candidates(run_dir) -> list[dict]:
     """
     info = latest_info(run_dir)
     if info is None:
-        return []
+        return _scanned(run_dir) if (checkpoint_root(run_dir) / LATEST).exists() else []
     root = checkpoint_root(run_dir)
     older = sorted((p for p in root.glob("step_*") if p.is_dir() and p.name < info["dir"]),
                    reverse=True)
     return [info] + [{"step": int(p.name.split("_")[1]), "dir": p.name,
                       "world_size": info["world_size"]} for p in older]
+
+
+def _scanned(run_dir) -> list[dict]:
+    """With latest.json unreadable: the step folders holding common.pt, newest first, each
+    with the world size its rank files show."""
+    found = []
+    for folder in sorted(checkpoint_root(run_dir).glob("step_*"), reverse=True):
+        ranks = [int(p.stem.split("_")[1]) for p in folder.glob("rank_*.pt")]
+        if folder.is_dir() and (folder / "common.pt").is_file() and ranks:
+            found.append({"step": int(folder.name.split("_")[1]), "dir": folder.name,
+                          "world_size": max(ranks) + 1})
+    return found
+
+
+def has_checkpoint(run_dir) -> bool:
+    """Whether ``--resume`` has anything to try (latest.json, or step folders to scan)."""
+    return bool(_candidates(run_dir))
 
 
 def _read(folder: Path, rank: int, world_size: int):
@@ -126,6 +189,9 @@ def load_checkpoint(run_dir, comm, log=print):
     """
     rank = comm.rank
     candidates = comm.broadcast_object(_candidates(run_dir), name="gravac.checkpoint.candidates")
+    if rank == 0 and candidates and latest_info(run_dir) is None:
+        log(f"{checkpoint_root(run_dir) / LATEST} is unreadable; trying the step folders, "
+            f"newest first ({', '.join(c['dir'] for c in candidates)})")
     for i, info in enumerate(candidates):
         folder = checkpoint_root(run_dir) / info["dir"]
         loaded, problem = _read(folder, rank, info["world_size"])

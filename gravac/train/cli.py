@@ -55,6 +55,7 @@ def main(argv=None) -> int:
         return 2
     from .loop import train   # imports Horovod: only once the config is known to be good
 
+    from .checkpoint import CheckpointError
     from .signals import Interrupted
 
     try:
@@ -64,4 +65,7 @@ def main(argv=None) -> int:
         return 2
     except Interrupted as stop:          # SIGINT/SIGTERM: checkpoint saved, said on rank 0
         return stop.exit_code
+    except CheckpointError as exc:       # e.g. a full disk: one line, the previous is kept
+        print(f"checkpoint error: {exc}", file=sys.stderr)
+        return 1
     return 0

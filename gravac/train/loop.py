@@ -29,7 +29,7 @@ from ..comm import init as init_comm
 from ..engine import STATE_KEY, StepStats, broadcast_optimizer_state, wrap_optimizer
 from ..engine.record import LOGGED_STATS
 from ..util.atomic import atomic_write_text
-from .checkpoint import latest_info, load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from .checkpoint import has_checkpoint, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from .config import Config, ConfigError, build_controller, dump_yaml, to_dict
 from .monitor import METRICS, RunLogger, truncate_metrics
 from .resume import check_resume_config
@@ -81,7 +81,7 @@ def _prepare_run_dir(cfg: Config, run_dir: Path, resume: bool, comm: Comm) -> No
     if comm.rank == 0:
         occupied = (run_dir / METRICS).exists() or (run_dir / "checkpoints").exists()
         if resume:
-            if latest_info(run_dir) is None:
+            if not has_checkpoint(run_dir):
                 problem = (f"--resume: no checkpoint in {run_dir / 'checkpoints'}; start without "
                            "--resume, or set run.output_dir/run.name to the run to continue")
             else:
