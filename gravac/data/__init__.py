@@ -18,6 +18,7 @@ Example (one epoch of CIFAR-10 on rank ``r`` of ``w``)::
 from .cifar import (CIFAR10_MEAN, CIFAR10_STD, CIFAR100_MEAN, CIFAR100_STD, CifarAugment, Normalize,
                     cifar_transforms, load_cifar)
 from .digits import load_digits_dataset
+from .errors import DataFileError
 from .ptb import PTB_FILES, Corpus, Dictionary, batchify, get_bptt_batch, load_ptb, shard_tokens
 from .samplers import ShardedSampler, TensorBatches
 from .synthetic import synthetic_images, synthetic_text
@@ -27,5 +28,5 @@ __all__ = [
     "load_cifar", "Normalize", "CifarAugment", "cifar_transforms",
     "Dictionary", "Corpus", "load_ptb", "batchify", "get_bptt_batch", "shard_tokens",
     "ShardedSampler", "TensorBatches", "load_digits_dataset", "synthetic_text",
-    "synthetic_images", "PTB_FILES",
+    "synthetic_images", "PTB_FILES", "DataFileError",
 ]

@@ -9,6 +9,8 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
+from .errors import DataFileError
+
 
 #: Per-channel mean / std of the CIFAR training sets, on pixels scaled to [0, 1].
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
@@ -23,6 +25,9 @@ _CIFAR = {
     "cifar100": ("cifar-100-python", ["train"], ["test"], "fine_labels",
                  "https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz"),
 }
+
+
+_ARCHIVE = {"cifar10": "cifar-10-python.tar.gz", "cifar100": "cifar-100-python.tar.gz"}
 
 
 def _cifar_howto(dataset: str, root: str) -> str:
@@ -48,19 +53,40 @@ def _cifar_folder(root: str | os.PathLike, dataset: str) -> str:
                             f"{_cifar_howto(dataset, root)}")
 
 
-def _read_cifar_file(path: str, label_key: str) -> tuple[np.ndarray, np.ndarray]:
+def _read_cifar_file(path: str, label_key: str, dataset: str = "cifar10"
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    fix = f"extract the official {_ARCHIVE[dataset]} again (the python version)"
     # The official CIFAR files are Python 2 pickles: bytes keys under encoding="bytes".
-    with open(path, "rb") as f:
-        entry = pickle.load(f, encoding="bytes")
+    try:
+        with open(path, "rb") as f:
+            entry = pickle.load(f, encoding="bytes")
+    except EOFError:
+        raise DataFileError(path, "ends too early (a truncated download or copy)", fix) from None
+    except pickle.UnpicklingError as exc:
+        problem = ("ends too early (a truncated download or copy)" if "truncated" in str(exc)
+                   else f"not a CIFAR batch file (UnpicklingError: {exc})")
+        raise DataFileError(path, problem, fix) from None
+    except (ValueError, TypeError, AttributeError, ImportError, IndexError, KeyError,
+            UnicodeDecodeError) as exc:
+        raise DataFileError(path, f"not a CIFAR batch file ({type(exc).__name__}: {exc})",
+                            fix) from None
+    if not isinstance(entry, dict):
+        raise DataFileError(path, f"not a CIFAR batch file (it holds a "
+                                  f"{type(entry).__name__}, not a dict)", fix)
     entry = {(k.decode() if isinstance(k, bytes) else k): v for k, v in entry.items()}
     if "data" not in entry or label_key not in entry:
-        raise ValueError(f"{path!r} is not a CIFAR batch file: it needs keys 'data' and "
-                         f"{label_key!r}, found {sorted(entry)}")
-    data = np.asarray(entry["data"], dtype=np.uint8)
-    labels = np.asarray(entry[label_key], dtype=np.int64)
-    if data.ndim != 2 or data.shape[1] != 3 * 32 * 32 or len(labels) != len(data):
-        raise ValueError(f"{path!r}: expected data [N, 3072] and N labels, got data "
-                         f"{data.shape} and {len(labels)} labels")
+        raise DataFileError(path, f"not a CIFAR batch file: it needs keys 'data' and "
+                                  f"{label_key!r}, found {sorted(map(str, entry))}", fix)
+    try:
+        data = np.asarray(entry["data"], dtype=np.uint8)
+        labels = np.asarray(entry[label_key], dtype=np.int64)
+    except (TypeError, ValueError) as exc:
+        raise DataFileError(path, f"its 'data' or {label_key!r} are not numbers ({exc})",
+                            fix) from None
+    if data.ndim != 2 or data.shape[1] != 3 * 32 * 32 or labels.ndim != 1 \
+            or len(labels) != len(data) or len(data) == 0:
+        raise DataFileError(path, f"expected data [N, 3072] and N labels, got data "
+                                  f"{list(data.shape)} and {labels.size} labels", fix)
     return data, labels
 
 
@@ -89,7 +115,7 @@ def load_cifar(root: str | os.PathLike, dataset: str = "cifar10",
         raise FileNotFoundError(f"{dataset}: missing file(s) {', '.join(missing)} in "
                                 f"{folder!r} (expected {', '.join(names)}); the extraction "
                                 f"looks incomplete: {_cifar_howto(dataset, os.fspath(root))}")
-    parts = [_read_cifar_file(os.path.join(folder, n), label_key) for n in names]
+    parts = [_read_cifar_file(os.path.join(folder, n), label_key, dataset) for n in names]
     data = np.concatenate([p[0] for p in parts])
     labels = np.concatenate([p[1] for p in parts])
     return torch.from_numpy(data.reshape(-1, 3, 32, 32)), torch.from_numpy(labels)

@@ -5,6 +5,8 @@ import os
 from dataclasses import dataclass, field
 
 import torch
+
+from .errors import DataFileError
 from .samplers import check_rank
 
 
@@ -52,11 +54,18 @@ class Corpus:
 
 def _read_words(path: str) -> list[str]:
     words: list[str] = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            # One sentence per line; <eos> marks its end, as in pytorch/examples.
-            words.extend(line.split())
-            words.append("<eos>")
+    try:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                # One sentence per line; <eos> marks its end, as in pytorch/examples.
+                words.extend(line.split())
+                words.append("<eos>")
+    except UnicodeDecodeError as exc:
+        raise DataFileError(path, f"not UTF-8 text (byte {exc.start}: {exc.reason})",
+                            "use the plain-text Mikolov PTB files") from None
+    if not any(w != "<eos>" for w in words):
+        raise DataFileError(path, "holds no words (empty)",
+                            "copy the full Mikolov PTB file there")
     return words
 
 

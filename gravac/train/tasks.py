@@ -14,6 +14,7 @@ perplexity). Both expose the same small surface, so the training loop does not c
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 import torch.nn.functional as F
@@ -90,7 +91,7 @@ class ImageTask:
             try:
                 self.train_x, self.train_y = D.load_cifar(cfg.data.root, name, train=True)
                 self.test_x, self.test_y = D.load_cifar(cfg.data.root, name, train=False)
-            except FileNotFoundError as exc:
+            except (FileNotFoundError, D.DataFileError) as exc:
                 raise ConfigError(f"data.root={cfg.data.root!r}: {exc}") from None
             num_classes, channels, size = (10 if name == "cifar10" else 100), 3, 32
             # Each rank augments with its own generator: different crops per rank.
@@ -189,6 +190,23 @@ class ImageTask:
             tf.load_state_dict(state["augment"])
 
 
+def _check_ptb_sizes(cfg: Config, train, valid, world_size: int) -> None:
+    """PTB files too short for one batch per rank: say which file and how much it needs
+    (batchify would fail with a traceback, or the run would have no step)."""
+    d = cfg.data
+    checks = ((D.PTB_FILES[0], len(train), world_size * d.batch_size * 2,
+               f"one training batch (data.batch_size={d.batch_size} per rank x {world_size} "
+               "ranks x 2 rows)", "data.batch_size"),
+              (D.PTB_FILES[1], len(valid), world_size * d.eval_batch_size,
+               f"one evaluation batch (data.eval_batch_size={d.eval_batch_size} per rank x "
+               f"{world_size} ranks)", "data.eval_batch_size"))
+    for name, have, need, what, knob in checks:
+        if have < need:
+            path = os.path.join(os.fspath(d.root), name)
+            raise ConfigError(f"data.root={d.root!r}: {path}: {have} tokens, fewer than "
+                              f"{what} needs ({need}); use the full file, or a smaller {knob}")
+
+
 class LanguageTask:
     """Word-level language modelling with truncated BPTT; each rank on its own text."""
 
@@ -200,9 +218,10 @@ class LanguageTask:
         if cfg.data.name == "ptb":
             try:
                 corpus = D.load_ptb(cfg.data.root)
-            except FileNotFoundError as exc:
+            except (FileNotFoundError, D.DataFileError) as exc:
                 raise ConfigError(f"data.root={cfg.data.root!r}: {exc}") from None
             train, valid, vocab = corpus.train, corpus.valid, len(corpus.dictionary)
+            _check_ptb_sizes(cfg, train, valid, world_size)
         else:
             vocab = opts["vocab_size"]
             tokens = D.synthetic_text(opts["num_tokens"] + opts["valid_tokens"], vocab,
