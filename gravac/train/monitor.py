@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -40,7 +41,15 @@ class RunLogger:
         self._file = open(self.run_dir / METRICS, "a", encoding="utf-8")
         from tensorboardX import SummaryWriter
 
-        self._writer = SummaryWriter(logdir=str(self.run_dir / "tensorboard"))
+        # A resumed run logs the steps after its checkpoint again: purge_step drops the
+        # events an interrupted session wrote after it, so that no step appears twice.
+        # Event files are named by the second they were opened in; a session reopened
+        # within the same second (a quick resume, an elastic reset) would overwrite the
+        # previous file, so the name also carries the step (sorted, as readers read files
+        # in name order) and the process.
+        self._writer = SummaryWriter(logdir=str(self.run_dir / "tensorboard"),
+                                     purge_step=initial_step + 1 if initial_step else None,
+                                     filename_suffix=f".step{initial_step:09d}.{os.getpid()}")
         show = progress == "always" or (progress == "auto" and sys.stderr.isatty())
         if show:
             from tqdm import tqdm
