@@ -33,7 +33,8 @@ from ..controllers import Accordion, GraVAC, Static
 CONTROLLERS = ("dense", "static", "gravac", "accordion")
 DATASETS = ("digits", "cifar10", "cifar100", "ptb", "synthetic_images", "synthetic_text")
 OPTIMIZERS = ("sgd",)
-PROGRESS = ("auto", "always", "never")
+# auto: a tqdm bar on a terminal, else plain lines; always: the bar; plain: the lines
+PROGRESS = ("auto", "always", "plain", "never")
 HOROVOD_COMPRESSION = ("none", "fp16")
 
 

@@ -15,6 +15,7 @@ import json
 import math
 import os
 import sys
+import time
 from pathlib import Path
 
 from ..engine.record import METRICS_FILE as METRICS
@@ -25,13 +26,38 @@ def _finite(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
+PLAIN_EVERY_S = 60.0       # at most this long between two plain progress lines
+
+
+def plain_progress(step: int, total: int, elapsed: float, steps_done: int, loss=None, cf=None,
+                   samples_per_sec=None) -> str:
+    """One progress line for logs: ``step 120/1000 (12%)  loss 2.31  cf 20  1234 samples/s
+    eta 3m10s`` (what is unknown is left out).
+
+    >>> plain_progress(120, 1000, 30.0, 100, loss=2.3123, cf=20.0, samples_per_sec=1234.5)
+    'step 120/1000 (12%)  loss 2.312  cf 20  1234 samples/s  eta 4m24s'
+    """
+    parts = [f"step {step}/{total} ({100 * step // max(total, 1)}%)"]
+    if _finite(loss):
+        parts.append(f"loss {loss:.4g}")
+    if _finite(cf):
+        parts.append(f"cf {cf:g}")
+    if _finite(samples_per_sec):
+        parts.append(f"{samples_per_sec:.0f} samples/s")
+    if steps_done > 0 and step < total:
+        left = elapsed / steps_done * (total - step)
+        minutes, seconds = divmod(int(round(left)), 60)
+        parts.append(f"eta {minutes}m{seconds:02d}s" if minutes else f"eta {seconds}s")
+    return "  ".join(parts)
+
+
 class RunLogger:
     """Writes ``metrics.jsonl`` and TensorBoard events under ``run_dir`` (rank 0 only)."""
 
     def __init__(self, run_dir, enabled: bool, total_steps: int, progress: str = "auto",
                  initial_step: int = 0):
         self.enabled = enabled
-        self._bar = None
+        self._bar, self._plain = None, False
         self._writer = None
         self._file = None
         if not enabled:
@@ -50,12 +76,19 @@ class RunLogger:
         self._writer = SummaryWriter(logdir=str(self.run_dir / "tensorboard"),
                                      purge_step=initial_step + 1 if initial_step else None,
                                      filename_suffix=f".step{initial_step:09d}.{os.getpid()}")
-        show = progress == "always" or (progress == "auto" and sys.stderr.isatty())
-        if show:
+        # auto: a bar on a terminal; under horovodrun (whose output is never a terminal)
+        # or into a file, a plain line every tenth of the run or minute, so logs stay
+        # readable
+        bar = progress == "always" or (progress == "auto" and sys.stderr.isatty())
+        self._plain = not bar and progress in ("auto", "plain")
+        if bar:
             from tqdm import tqdm
 
             self._bar = tqdm(total=total_steps, initial=initial_step, unit="step",
                              dynamic_ncols=True)
+        self._total, self._first_step = total_steps, initial_step
+        self._t0 = self._last_line = time.monotonic()
+        self._last_tenth = -1
 
     def record(self, entry: dict) -> None:
         """Append one record to the metrics file and mirror its numbers to TensorBoard."""
@@ -86,12 +119,24 @@ class RunLogger:
                 self._writer.add_scalar("gravac/on_dense", float(bool(entry["on_dense"])), step)
 
     def progress(self, step: int, **fields) -> None:
+        if self._plain:
+            self._plain_line(step, fields)
         if self._bar is None:
             return
         self._bar.n = step
         self._bar.set_postfix({k: (f"{v:.4g}" if _finite(v) else v) for k, v in fields.items()},
                               refresh=False)
         self._bar.refresh()
+
+    def _plain_line(self, step: int, fields: dict) -> None:
+        now = time.monotonic()
+        tenth = 10 * step // max(self._total, 1)
+        if not (tenth > self._last_tenth or now - self._last_line >= PLAIN_EVERY_S
+                or step == self._total):
+            return
+        self._last_tenth, self._last_line = tenth, now
+        print(plain_progress(step, self._total, now - self._t0, step - self._first_step,
+                             **fields), flush=True)
 
     def message(self, text: str) -> None:
         """A line for the user (through tqdm when the bar is shown)."""

@@ -55,3 +55,25 @@ def test_resuming_a_finished_run_logs_its_final_evaluation_once(tmp_path, capsys
                (tmp_path / "done" / "metrics.jsonl").read_text().splitlines()]
     assert longer["steps"] == 30
     assert [r["step"] for r in records if r["kind"] == "eval"] == [20, 30]
+
+
+@pytest.mark.parametrize("progress,shown", [("auto", True), ("plain", True), ("never", False)])
+def test_progress_lines_when_output_is_not_a_terminal(tmp_path, progress, shown):
+    """Issue 16: under horovodrun (output never a terminal) or into a file, run.progress=auto
+    prints a plain line every tenth of the run: step/total, loss, CF, samples/s, eta."""
+    import re
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "train.py", "--config", "configs/demo.yaml",
+                           "--set", f"run.output_dir={tmp_path}", "--set", "run.steps=40",
+                           "--set", "run.backend=local", "--set", "run.report=false",
+                           "--set", "run.log_interval=2", "--set", f"run.progress={progress}"],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    lines = re.findall(r"^step (\d+)/40 \(\d+%\)  loss [\d.]+  cf [\d.]+  \d+ samples/s"
+                       r"(?:  eta \d+(?:m\d\d)?s)?$", proc.stdout, re.M)
+    if shown:
+        assert [int(s) for s in lines] == [1, 4, 8, 12, 16, 20, 24, 28, 32, 36, 40]
+    else:
+        assert lines == []
