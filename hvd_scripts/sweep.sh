@@ -3,7 +3,7 @@
 # a thin wrapper that runs hvd_scripts/sweep.py with the repository's virtual environment.
 #
 # Usage:   hvd_scripts/sweep.sh SWEEP_FILE [--np N] [--dry-run] [--out DIR] [--set KEY=VALUE ...]
-#                                       [--overwrite] [--launcher horovodrun|torchrun]
+#                                       [--overwrite | --resume] [--launcher horovodrun|torchrun]
 # Example: hvd_scripts/sweep.sh configs/sweeps/demo_sweep.yaml
 #          hvd_scripts/sweep.sh configs/sweeps/paper_resnet101.yaml --set data.root=data --dry-run
 #

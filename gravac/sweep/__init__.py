@@ -3,7 +3,7 @@
 Usage::
 
     .venv/bin/python -m gravac.sweep SWEEP_FILE [--np N] [--dry-run] [--out DIR]
-                                 [--set KEY=VALUE ...] [--overwrite]
+                                 [--set KEY=VALUE ...] [--overwrite | --resume]
                                  [--launcher horovodrun|torchrun]
     (hvd_scripts/sweep.py is the same command)
 
@@ -45,6 +45,13 @@ failing run is recorded as failed and the sweep goes on. ``results.csv`` and
 ``results.md`` in the sweep directory are rewritten (atomically) after every run, and at
 the end ``python -m gravac.report`` plots the successful runs into ``<sweep dir>/report``.
 Each run's console output is kept in ``<sweep dir>/logs/<run name>.log``.
+
+An interrupted sweep (Ctrl-C, a lost machine) continues with ``--resume``: a run whose
+metrics end with the trainer's run_end record at the steps its config asks for is kept
+(that record is the completed marker), a run with a checkpoint continues from it
+(``train.py --resume``), a run that logged but never checkpointed starts again, the rest
+run as usual; the results table and report cover all of them. ``--overwrite`` instead
+replaces every run the sweep directory holds.
 
 Exit status: 0 all runs succeeded (or the dry run found every run valid), 1 a run or the
 report failed, 2 the sweep file or a run's config is invalid, 130 interrupted.

@@ -63,7 +63,8 @@ def occupied(run_dir: Path) -> bool:
 
 def validate(runs: Sequence[RunSpec], sweep_dir: Path, extra: Sequence[tuple[str, Any]],
              check: Callable[[list[str]], str | None] = dry_run_check,
-             existing_is_error: bool = True) -> tuple[dict[str, Any], list[str]]:
+             existing_is_error: bool = True, resuming: bool = False
+             ) -> tuple[dict[str, Any], list[str]]:
     """Resolve every run, then check it with ``check`` (``train.py --dry-run``).
 
     Returns (run name -> resolved config, error lines naming the run). A run directory that
@@ -81,7 +82,7 @@ def validate(runs: Sequence[RunSpec], sweep_dir: Path, extra: Sequence[tuple[str
             errors.append(f"run {run.name}: {problem}")
             continue
         run_dir = sweep_dir / "runs" / run.name
-        if occupied(run_dir) and not configs[run.name].run.overwrite:
+        if occupied(run_dir) and not configs[run.name].run.overwrite and not resuming:
             message = (f"run {run.name}: {run_dir} already holds a run; pass --overwrite to "
                        f"replace the sweep's runs, or --out to write elsewhere")
             if existing_is_error:
@@ -201,7 +202,29 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                              "is PyTorch DDP")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace runs left in the sweep directory by an earlier sweep")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue an interrupted sweep: keep the runs that finished, "
+                             "resume the interrupted one from its checkpoint, run the rest")
     return parser.parse_args(argv)
+
+
+def resume_plan(run_dir: Path, cfg) -> tuple[str, list[str]]:
+    """What ``--resume`` does with a run: ("skip" | "resume" | "restart" | "new", the extra
+    train.py arguments). A run is kept when it finished the steps its config asks for (its
+    run_end record is the completed marker); a run with a checkpoint continues from it;
+    a run that logged but never checkpointed starts again."""
+    from gravac.train.checkpoint import has_checkpoint
+    from .results import load_run
+
+    if finished(run_dir):
+        end = load_run(run_dir).end or {}
+        if cfg.run.steps is None or end.get("step") == cfg.run.steps:
+            return "skip", []
+    if has_checkpoint(run_dir):
+        return "resume", ["--resume"]
+    if occupied(run_dir):
+        return "restart", ["--set", "run.overwrite=true"]
+    return "new", []
 
 
 def cli_overrides(texts: Sequence[str], overwrite: bool) -> list[tuple[str, Any]]:
@@ -243,10 +266,17 @@ def describe(sweep: Sweep, runs: Sequence[RunSpec], sweep_dir: Path,
 
 def execute(sweep: Sweep, runs: Sequence[RunSpec], sweep_dir: Path,
             extra: Sequence[tuple[str, Any]], baselines: dict[str, str | None],
-            launcher: str, launcher_path: str) -> int:
-    """Launch the runs one after another, keeping the results files current; exit status."""
+            launcher: str, launcher_path: str, resume_configs: dict | None = None) -> int:
+    """Launch the runs one after another, keeping the results files current; exit status.
+    With ``resume_configs`` (run name -> resolved config: ``--resume``), finished runs are
+    kept and an interrupted one continues from its checkpoint."""
     status = {r.name: "pending" for r in runs}
     notes: dict[str, str] = {}
+    plans = {r.name: resume_plan(sweep_dir / "runs" / r.name, resume_configs[r.name])
+             for r in runs} if resume_configs is not None else {}
+    for name, (what, _) in plans.items():
+        if what == "skip":
+            status[name], notes[name] = "ok", "finished in an earlier sweep (--resume)"
 
     def save() -> None:
         write_results(sweep, results_rows(sweep, runs, sweep_dir, status, notes, baselines),
@@ -256,8 +286,15 @@ def execute(sweep: Sweep, runs: Sequence[RunSpec], sweep_dir: Path,
         atomic_write_text(sweep_dir / "sweep.yaml", sweep.source.read_text())
     save()
     for k, run in enumerate(runs, 1):
+        what, more = plans.get(run.name, ("new", []))
+        if what == "skip":
+            print(f"\n=== [{k}/{len(runs)}] {run.name}: finished earlier, kept ===", flush=True)
+            continue
+        if what in ("resume", "restart"):
+            notes[run.name] = ("resumed from its checkpoint (--resume)" if what == "resume"
+                               else "started again: it had no checkpoint (--resume)")
         command = launch_command(launcher, launcher_path, sweep.np,
-                                 run.train_args(sweep_dir, extra))
+                                 run.train_args(sweep_dir, extra) + more)
         print(f"\n=== [{k}/{len(runs)}] {run.name} ===\n$ {' '.join(command)}", flush=True)
         log_path = sweep_dir / "logs" / f"{run.name}.log"
         status[run.name] = "running"
@@ -293,6 +330,10 @@ def main(argv: Sequence[str] | None = None,
          check: Callable[[list[str]], str | None] = dry_run_check) -> int:
     """Command-line entry point; returns the exit status (see the module docstring)."""
     args = parse_args(argv)
+    if args.resume and args.overwrite:
+        print("sweep error: --resume keeps the finished runs and --overwrite replaces them; "
+              "pass one of them", file=sys.stderr)
+        return 2
     try:
         sweep = load_sweep(args.sweep_file)
         extra = cli_overrides(args.overrides, args.overwrite)
@@ -311,7 +352,8 @@ def main(argv: Sequence[str] | None = None,
         return 2
 
     print(f"validating {len(runs)} runs of sweep {sweep.name} (resolve + train.py --dry-run)")
-    configs, errors = validate(runs, sweep_dir, extra, check, existing_is_error=not args.dry_run)
+    configs, errors = validate(runs, sweep_dir, extra, check,
+                               existing_is_error=not args.dry_run, resuming=args.resume)
     controllers = {name: cfg.compression.controller for name, cfg in configs.items()}
     baselines = pick_baselines(sweep, runs, controllers)
     print(describe(sweep, runs, sweep_dir, extra, baselines))
@@ -324,7 +366,8 @@ def main(argv: Sequence[str] | None = None,
     if args.dry_run:
         print(f"all {len(runs)} runs are valid (dry run: nothing launched)")
         return 0
-    return execute(sweep, runs, sweep_dir, extra, baselines, args.launcher, launcher_path)
+    return execute(sweep, runs, sweep_dir, extra, baselines, args.launcher, launcher_path,
+                   resume_configs=configs if args.resume else None)
 
 
 if __name__ == "__main__":

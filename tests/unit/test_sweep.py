@@ -372,6 +372,48 @@ def test_execute_records_failures_goes_on_and_keeps_results_current(tmp_path, mo
                          tmp_path / "runs/t-dense")]
 
 
+def test_resume_keeps_finished_runs_resumes_the_interrupted_one_and_runs_the_rest(
+        tmp_path, monkeypatch, capsys):
+    """Issue 16: `--resume` after an interrupted sweep. t-dense finished (its run_end is the
+    completed marker), t-topk was interrupted after a checkpoint, t-gravac never started."""
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump({"name": "t", "set": {"run.steps": 10}, "grid": {"c": [
+        {"files": [DENSE], "tag": "dense"}, {"files": [TOPK10], "tag": "topk"},
+        {"set": {"compression.controller": "gravac"}, "tag": "gravac"}]}}))
+    out = tmp_path / "out"
+    write_metrics(out / "runs/t-dense", FAKE_RUNS["t-dense"])
+    write_metrics(out / "runs/t-topk", FAKE_RUNS["t-topk"][:2])        # stopped at step 5
+    (out / "runs/t-topk/checkpoints").mkdir()
+    (out / "runs/t-topk/checkpoints/latest.json").write_text(
+        '{"step": 5, "dir": "step_00000005", "world_size": 2}')
+    launched = []
+
+    def fake_launch(command, log_path, repo=sws.REPO):
+        name = command[command.index("--config"):][-1].split("=", 1)[1] \
+            if command[-1] != "--resume" else command[-2].split("=", 1)[1]
+        launched.append((name, command[-1] == "--resume"))
+        write_metrics(out / "runs" / name, FAKE_RUNS["t-topk"])
+        return 0
+
+    monkeypatch.setattr(swx, "launch", fake_launch)
+    monkeypatch.setattr(swx, "find_launcher", lambda name, repo=REPO: "horovodrun")
+    monkeypatch.setattr(swx, "run_report", lambda dirs, out_dir, base: True)
+    # without --resume the finished and interrupted runs block the sweep
+    assert swx.main([str(path), "--out", str(out)], check=lambda args: None) == 2
+    assert "t-dense" in capsys.readouterr().err and launched == []
+    assert swx.main([str(path), "--out", str(out), "--resume"], check=lambda args: None) == 0
+    assert launched == [("t-topk", True), ("t-gravac", False)]
+    assert "t-dense: finished earlier, kept" in capsys.readouterr().out
+    with open(out / "results.csv", newline="") as f:
+        rows = {r["name"]: r for r in csv.DictReader(f)}
+    assert {n: r["status"] for n, r in rows.items()} == {"t-dense": "ok", "t-topk": "ok",
+                                                        "t-gravac": "ok"}
+    assert rows["t-dense"]["note"] == "finished in an earlier sweep (--resume)"
+    assert rows["t-topk"]["note"] == "resumed from its checkpoint (--resume)"
+    assert swx.main([str(path), "--out", str(out), "--resume", "--overwrite"]) == 2
+    assert "--resume keeps the finished runs" in capsys.readouterr().err
+
+
 # -- dry runs of the shipped sweep files ---------------------------------------------------------
 def test_demo_sweep_dry_run_end_to_end(tmp_path):
     proc = subprocess.run([sys.executable, "hvd_scripts/sweep.py", "configs/sweeps/demo_sweep.yaml",
