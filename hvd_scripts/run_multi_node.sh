@@ -6,15 +6,16 @@
 #              configs/compression/gravac_exp_dgc_eps07.yaml -- --set data.root=/data
 #
 # Runs, from the repository root:
-#   horovodrun -np NP --hostfile HOSTFILE --gloo <repo>/.venv/bin/python <repo>/train.py \
+#   horovodrun -np NP -H HOST:N,... --gloo <repo>/.venv/bin/python <repo>/train.py \
 #       --config CONFIG...
+# after `train.py --check` has checked the configs and data files here.
 # Arguments after `--` go to train.py (--set key=value, --dry-run, --resume).
 #
-# HOSTFILE: one host per line, `HOST slots=N` (N = ranks on that host, usually its GPUs or
-#   a share of its cores), e.g.
+# HOSTFILE: one host per line, `HOST slots=N` or `HOST:N` (N = ranks on that host, usually
+#   its GPUs or a share of its cores); blank lines and `#` comments are skipped, e.g.
 #       node1 slots=4
-#       node2 slots=4
-#   NP must not exceed the total slots.
+#       node2:4
+#   NP must not exceed the total slots; a bad line is named with its number.
 # Every host needs:
 #   - the repository, its virtual environment (.venv) and the data set at the SAME absolute
 #     paths as here (paths are passed as they are on this machine; config files are made
@@ -47,6 +48,30 @@ shift 2
 hostfile=$(cd "$(dirname "$hostfile")" && pwd)/$(basename "$hostfile")
 [[ $np =~ ^[1-9][0-9]*$ ]] || die "NP must be a positive integer, got '$np'"
 
+# The hostfile, checked here (horovodrun's own reader fails with a traceback on a blank
+# line, a comment or `HOST:N`) and passed on as -H HOST:N,...
+hosts=()
+total_slots=0
+lineno=0
+while IFS= read -r line || [ -n "$line" ]; do
+    lineno=$((lineno + 1))
+    line=${line%%#*}
+    line=$(echo "$line" | sed 's/^[[:space:]]*//; s/[[:space:]]*$//')
+    [ -n "$line" ] || continue
+    if [[ $line =~ ^([A-Za-z0-9._-]+)[[:space:]]+slots=([0-9]+)$ ]] ||
+       [[ $line =~ ^([A-Za-z0-9._-]+):([0-9]+)$ ]]; then
+        slots=$((10#${BASH_REMATCH[2]}))
+        [ "$slots" -ge 1 ] || die "$hostfile:$lineno: a host needs at least 1 slot, got '$line'"
+        hosts+=("${BASH_REMATCH[1]}:$slots")
+        total_slots=$((total_slots + slots))
+    else
+        die "$hostfile:$lineno: expected 'HOST slots=N' or 'HOST:N', got '$line'"
+    fi
+done < "$hostfile"
+[ ${#hosts[@]} -ge 1 ] || die "hostfile '$hostfile' lists no host (one 'HOST slots=N' per line)"
+host_list=$(IFS=,; echo "${hosts[*]}")
+[ "$np" -le "$total_slots" ] || die "NP=$np is more than the $total_slots slots in $hostfile ($host_list); lower NP or add slots"
+
 parse_configs "$@"
 
 case ${GRAVAC_CONTROLLER:-gloo} in
@@ -62,9 +87,10 @@ fi
 python=$venv/bin/python
 [ -x "$python" ] || die "$python not found (run hvd_scripts/install.sh; every host needs it at this path)"
 find_horovodrun
+check_config "$python"
 
 cd "$repo"
-cmd=("$horovodrun" -np "$np" --hostfile "$hostfile" "$controller" ${nics[@]+"${nics[@]}"}
+cmd=("$horovodrun" -np "$np" -H "$host_list" "$controller" ${nics[@]+"${nics[@]}"}
      "$python" "$repo/train.py" --config "${configs[@]}" ${train_args[@]+"${train_args[@]}"})
 echo "+ ${cmd[*]}" >&2
 exec "${cmd[@]}"

@@ -36,6 +36,7 @@ if [ ! -x "$python" ]; then
     echo "run_single_node.sh: warning: $venv/bin/python not found, using $python" >&2
 fi
 find_horovodrun
+check_config "$python"
 
 cd "$repo"
 cmd=("$horovodrun" -np "$np" -H "localhost:$np" --gloo "$python" train.py --config "${configs[@]}"

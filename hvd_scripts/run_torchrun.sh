@@ -59,6 +59,10 @@ else
     fi
 fi
 
+python=$venv/bin/python
+[ -x "$python" ] || python=$(command -v python3)
+check_config "$python"
+
 cd "$repo"
 cmd=("$torchrun" "${launch[@]}" train.py --config "${configs[@]}" --set run.backend=torch
      ${train_args[@]+"${train_args[@]}"})

@@ -1,7 +1,7 @@
 """Command line of ``train.py``.
 
     horovodrun -np N python train.py --config FILE [FILE ...] [--set key=value ...]
-                                     [--dry-run] [--resume]
+                                     [--dry-run] [--resume] [--check]
     torchrun --nproc-per-node N train.py --config FILE [FILE ...] ...
 """
 from __future__ import annotations
@@ -43,7 +43,19 @@ def parse_args(argv=None) -> argparse.Namespace:
                              "resolved config and exit")
     parser.add_argument("--resume", action="store_true",
                         help="continue the run in run.output_dir/run.name from its latest checkpoint")
+    parser.add_argument("--check", action="store_true",
+                        help="only check the config and the data files, without a launcher or "
+                             "a model (what hvd_scripts/run_*.sh run before launching); "
+                             "exit 0, or 2 with one line")
     return parser.parse_args(argv)
+
+
+def check(cfg) -> None:
+    """The config (already validated) and its data files, in this one process: reading the
+    data is what a launched job would fail on next (bad or missing files)."""
+    from .tasks import build_task
+
+    build_task(cfg, rank=0, world_size=1)
 
 
 def main(argv=None) -> int:
@@ -53,6 +65,15 @@ def main(argv=None) -> int:
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)
         return 2
+    if args.check:
+        try:
+            check(cfg)
+        except ConfigError as exc:
+            print(f"config error: {exc}", file=sys.stderr)
+            return 2
+        print(f"config ok: {cfg.run.name} ({cfg.model.name} on {cfg.data.name}, "
+              f"{cfg.compression.controller})")
+        return 0
     from .loop import train   # imports Horovod: only once the config is known to be good
 
     from .checkpoint import CheckpointError

@@ -1,7 +1,7 @@
 # Shared by run_single_node.sh and run_multi_node.sh (sourced, not run). The caller sets
 # `repo` (the repository root) and `usage_lines` (the last header line of its usage text)
 # before sourcing; this file answers -h/--help and provides `die`, `usage`, `looked_in`,
-# `venv`, `parse_configs` and `find_horovodrun`.
+# `venv`, `parse_configs`, `check_config` and `find_horovodrun`.
 
 script_path=${BASH_SOURCE[1]}
 script_name=$(basename "$script_path")
@@ -53,4 +53,12 @@ find_horovodrun() {
         horovodrun=$(command -v horovodrun || true)
         [ -n "$horovodrun" ] || die "horovodrun not found in $venv/bin or on PATH (run hvd_scripts/install.sh)"
     fi
+}
+
+# check_config PYTHON: `train.py --check` with the configs and train.py arguments, before
+# the launcher starts: a bad config or data file is its one line (exit 2), not a line
+# buried under every rank's output and the launcher's own traceback.
+check_config() {
+    "$1" "$repo/train.py" --config "${configs[@]}" ${train_args[@]+"${train_args[@]}"} \
+        --check >/dev/null || exit $?
 }

@@ -119,7 +119,10 @@ def _fake_venv(tmp_path: Path) -> tuple[Path, Path]:
     bin_dir = tmp_path / "venv" / "bin"
     bin_dir.mkdir(parents=True)
     calls = tmp_path / "calls.txt"
-    (bin_dir / "python").symlink_to(sys.executable)
+    # a wrapper, not a symlink: a symlinked venv python outside its venv loses its packages
+    # (the launchers run the real `train.py --check` with it)
+    (bin_dir / "python").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    (bin_dir / "python").chmod(0o755)
     for tool in ("horovodrun", "torchrun"):
         (bin_dir / tool).write_text(f'#!/bin/sh\necho "{tool} $*" >> "{calls}"\n')
         (bin_dir / tool).chmod(0o755)
@@ -186,3 +189,44 @@ def test_discover_hosts_prints_the_hosts_file_without_comments(tmp_path):
     hosts.unlink()
     proc = bash(script, cwd=tmp_path)
     assert proc.returncode == 1 and "GRAVAC_HOSTS_FILE" in proc.stderr
+
+
+def test_multi_node_checks_the_hostfile_and_passes_it_as_hosts(tmp_path):
+    """Issue 16: blank lines, comments and HOST:N are fine; a bad line is named with its
+    number; NP above the slots is refused; horovodrun gets -H HOST:N,..."""
+    hosts = tmp_path / "hosts"
+    hosts.write_text("# cluster\nnode1 slots=2\n\nnode2:2   # the second\n")
+    (call,) = _launched("run_multi_node.sh", str(hosts), "4", "configs/demo.yaml",
+                        tmp_path=tmp_path / "ok")
+    assert call.startswith("horovodrun -np 4 -H node1:2,node2:2 --gloo ")
+    venv, calls = _fake_venv(tmp_path / "bad")
+    for text, np_, message in [
+            ("node1 slots=2\nnode2 4\n", "2", f"{hosts}:2: expected 'HOST slots=N' or 'HOST:N', "
+                                               "got 'node2 4'"),
+            ("node1 slots=2\nnode2:0\n", "2", f"{hosts}:2: a host needs at least 1 slot"),
+            ("node1:2\nnode2:2\n", "5", f"NP=5 is more than the 4 slots in {hosts} "
+                                        "(node1:2,node2:2); lower NP or add slots"),
+            ("# nobody\n\n", "1", "lists no host")]:
+        hosts.write_text(text)
+        proc = subprocess.run(["bash", str(REPO / "hvd_scripts/run_multi_node.sh"), str(hosts),
+                               np_, "configs/demo.yaml"], cwd=REPO, capture_output=True,
+                              text=True, timeout=60,
+                              env={"PATH": "/usr/bin:/bin", "GRAVAC_VENV": str(venv)})
+        assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    assert not calls.exists()
+
+
+@pytest.mark.parametrize("script, args", [
+    ("run_single_node.sh", ["2", "configs/demo.yaml"]),
+    ("run_torchrun.sh", ["2", "configs/demo.yaml"]),
+])
+def test_launchers_check_the_config_before_starting_ranks(script, args, tmp_path):
+    """Issue 16: a bad config is train.py --check's one line (exit 2), and no launcher runs."""
+    venv, calls = _fake_venv(tmp_path)
+    proc = subprocess.run(["bash", str(REPO / "hvd_scripts" / script), *args, "--", "--set",
+                           "optimizer.lr=.inf"], cwd=REPO, capture_output=True, text=True,
+                          timeout=120, env={"PATH": "/usr/bin:/bin", "GRAVAC_VENV": str(venv)})
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines()[-1] == ("config error: optimizer.lr=inf: must be a finite "
+                                            "number")
+    assert not calls.exists()
