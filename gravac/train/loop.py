@@ -165,7 +165,7 @@ class Trainer:
         self.elapsed0 = 0.0
         self.cum_floats = self.cum_dense = 0
         self.resumed = False
-        self._final, self._resumed_at = None, None
+        self._final, self._final_at, self._resumed_at = None, None, None
         self.stop: StopSignal | None = None      # SIGINT/SIGTERM agreement (train() sets it)
         self.started = False                     # elastic: set once the run has begun
         self.log = RunLogger(self.run_dir, enabled=False, total_steps=0)
@@ -232,6 +232,7 @@ class Trainer:
         self.step, self.epoch = common["step"], common["epoch"]
         # A finished run's last checkpoint holds its final evaluation (None before that).
         self._final, self._resumed_at = common.get("final"), self.step
+        self._final_at = self.step if self._final is not None else None
         self.batch_in_epoch = common["batch_in_epoch"]
         self.elapsed0 = common["elapsed"]
         self.cum_floats, self.cum_dense = common["cum_floats"], common["cum_dense"]
@@ -333,7 +334,9 @@ class Trainer:
                   "step": self.step, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
                   "elapsed": self.elapsed(), "cum_floats": self.cum_floats,
                   "cum_dense": self.cum_dense, "config": to_dict(self.cfg),
-                  "world_size": self.world, "final": self._final}
+                  "world_size": self.world,
+                  # the final evaluation, in the checkpoint of the step it was made at only
+                  "final": self._final if self._final_at == self.step else None}
         rank_state = {"optimizer": self.opt.state_dict(), "rng": rng_state(),
                       "task": self.task.state_dict()}
         return save_checkpoint(self.run_dir, self.step, common, rank_state, self.comm,
@@ -450,6 +453,7 @@ class Trainer:
                              "raise run.steps to train on")
         else:
             final = self._final = self.evaluate()
+            self._final_at = self.step
             self.checkpoint()
             elapsed = self.elapsed()
         # resuming drops run_end records (truncate_metrics): the run ends here again
