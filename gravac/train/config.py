@@ -63,6 +63,9 @@ class RunConfig:
     report: bool = True
     # Seconds without a finished training step before a rank gives up (a peer hangs); 0: off.
     stall_timeout: float = 60.0
+    # Steps between two checks whether a rank got SIGINT/SIGTERM (a tiny allreduce each:
+    # ~1.2 ms under Horovod); a signal is acted on within this many steps.
+    stop_check_interval: int = 10
     # Horovod Elastic (horovodrun --min-np/--max-np --host-discovery-script): ranks may
     # leave and join; the state is committed in memory every elastic_commit_interval steps.
     elastic: bool = False
@@ -360,6 +363,8 @@ def validate(cfg: Config) -> None:
     _require(r.threads is None or r.threads >= 1, "run.threads", r.threads, "must be >= 1 or null")
     _require(r.stall_timeout >= 0, "run.stall_timeout", r.stall_timeout,
              "must be >= 0 seconds (0 turns the stall watchdog off)")
+    _require(r.stop_check_interval >= 1, "run.stop_check_interval", r.stop_check_interval,
+             "must be >= 1 (steps between two checks for SIGINT/SIGTERM)")
     _require(r.elastic_commit_interval >= 1, "run.elastic_commit_interval",
              r.elastic_commit_interval, "must be >= 1 (steps between in-memory commits)")
     _check_output_path(r)

@@ -389,8 +389,8 @@ class Trainer:
                 self._log_step(loss, lr, t_iter, samples_per_step)
                 watchdog.beat()
                 step = self.step
-                if self.stop is not None:
-                    signum = self.stop.agreed(self.comm, step)   # collective, every step
+                if self.stop is not None and step % cfg.run.stop_check_interval == 0:
+                    signum = self.stop.agreed(self.comm, step)   # collective, same steps
                     if signum:
                         with watchdog.paused():
                             where = self.checkpoint()

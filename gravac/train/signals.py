@@ -2,19 +2,20 @@
 is written, and the job exits 128 + the signal's number (130 for SIGINT, 143 for SIGTERM).
 
 A handler only notes the signal: a collective cannot be interrupted halfway, and a rank that
-left it would hang the others. Schedulers may signal one rank only, so the ranks agree every
-step with a two-value allreduce (``StopSignal.agreed``); all of them then checkpoint at
-the same step and stop. A second signal exits at once, without a checkpoint.
+left it would hang the others. Schedulers may signal one rank only, so the ranks agree
+every ``run.stop_check_interval`` steps with a two-value allreduce (``StopSignal.agreed``);
+all of them then checkpoint at the same step and stop. A second signal exits at once, without a checkpoint.
 
 Example::
 
     stop = StopSignal(rank=comm.rank).install()
     for step in ...:
         train_one_step()
-        signum = stop.agreed(comm, step)      # collective: 0, or the signal to stop for
-        if signum:
-            save_checkpoint(...)
-            raise Interrupted(signum, step, where)
+        if step % check_interval == 0:        # the same steps on every rank
+            signum = stop.agreed(comm, step)  # collective: 0, or the signal to stop for
+            if signum:
+                save_checkpoint(...)
+                raise Interrupted(signum, step, where)
     stop.uninstall()
 """
 from __future__ import annotations
@@ -71,12 +72,13 @@ class StopSignal:
             sys.stderr.flush()
             os._exit(128 + signum)
         self.signum = signum
-        sys.stderr.write(f"[rank {self.rank}] {name}: stopping at the next step boundary and "
-                         "saving a checkpoint (send it again to exit at once)\n")
+        sys.stderr.write(f"[rank {self.rank}] {name}: stopping at the next check "
+                         "(run.stop_check_interval) and saving a checkpoint (send it again "
+                         "to exit at once)\n")
         sys.stderr.flush()
 
     def agreed(self, comm, step: int) -> int:
-        """Collective, every step on every rank: the signal some rank got (SIGTERM first
+        """Collective, at the same steps on every rank: the signal some rank got (SIGTERM first
         if ranks got different ones), or 0."""
         got = torch.tensor([float(self.signum == sig) for sig in SIGNALS])
         counts = comm.allreduce(got, op="sum", name=f"gravac.stop.{step}")
