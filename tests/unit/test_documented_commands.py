@@ -27,7 +27,8 @@ def train_commands(text: str) -> list[str]:
     for line in [*(ln for b in blocks for ln in _joined(b)),
                  *re.findall(r"`([^`\n]*train\.py --[^`\n]*)`", text)]:
         line = line.split("#", 1)[0].strip()
-        if re.search(r"(^|[\s/])train\.py\s+--", line):
+        # a command to run (with its configs), not a mention such as `train.py --check`
+        if re.search(r"(^|[\s/])train\.py\s+--", line) and "--config" in line:
             found.append(line)
     return found
 
