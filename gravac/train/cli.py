@@ -44,9 +44,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--resume", action="store_true",
                         help="continue the run in run.output_dir/run.name from its latest checkpoint")
     parser.add_argument("--check", action="store_true",
-                        help="only check the config and the data files, without a launcher or "
-                             "a model (what hvd_scripts/run_*.sh run before launching); "
-                             "exit 0, or 2 with one line")
+                        help="only check the config and the data files, in this one process "
+                             "without a launcher (what hvd_scripts/run_*.sh run before "
+                             "launching); exit 0, or 2 with one line")
     return parser.parse_args(argv)
 
 
