@@ -58,6 +58,9 @@ class DGC(Compressor):
         rank = math.ceil(k * s / n)
         low, high = (1 - self.tolerance) * k, (1 + self.tolerance) * k
         threshold = kth_largest(sample, rank)
+        if not threshold > 0:
+            # Mostly zeros: no threshold separates k entries; keep the exact top-k.
+            return self._topk_of_all(ax, k)
         mask = self._at_least(ax, threshold)
         count = int(torch.count_nonzero(mask))
         for _ in range(self.max_retries):
@@ -74,7 +77,7 @@ class DGC(Compressor):
             mask = self._at_least(ax, threshold)
             count = int(torch.count_nonzero(mask))
         if count < low:
-            return exact_topk(ax, k)
+            return self._topk_of_all(ax, k)
         selected = mask.nonzero().view(-1)
         if count > k:
             selected = selected[exact_topk(ax[selected], k)]

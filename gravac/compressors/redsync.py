@@ -14,7 +14,7 @@ import math
 
 import torch
 
-from .base import Compressor, SelectContext, exact_topk, sample_magnitudes
+from .base import Compressor, SelectContext, sample_magnitudes
 
 
 class RedSync(Compressor):
@@ -91,4 +91,4 @@ class RedSync(Compressor):
         r, lo, hi, count = self._search(ax, mean, spread, low, high, lo, hi, self.max_iters)
         if low <= count <= high:
             return self._at_least(ax, mean + r * spread).nonzero().view(-1)
-        return exact_topk(ax, k)
+        return self._topk_of_all(ax, k)

@@ -6,6 +6,8 @@ slightly more than k candidates, then run the exact top-k over the candidates on
 result is still exact: every entry outside the candidates is smaller than the threshold,
 and the threshold is at most the k-th largest magnitude whenever at least k candidates
 pass it. When fewer than k pass (an unlucky sample, heavy ties), we fall back to a full topk.
+When the sampled threshold is 0 (mostly zeros, as in an embedding's gradient), the
+candidates are the nonzero entries (``Compressor._topk_of_all``).
 """
 from __future__ import annotations
 
@@ -46,8 +48,10 @@ class TopK(Compressor):
         ax = self._magnitudes(x)
         n = ax.numel()
         # Small tensors, or k so large that candidates would not be much fewer than n.
-        if n <= self.direct_below or 8 * k >= n:
+        if n <= self.direct_below:
             return exact_topk(ax, k)
+        if 8 * k >= n:
+            return self._topk_of_all(ax, k)
         s = min(n, max(self.min_sample, math.ceil(n * self.sample_fraction)))
         sample = sample_magnitudes(ax, s, self._generator)
         # The number of sample entries at or above the true k-th largest magnitude is
@@ -57,9 +61,12 @@ class TopK(Compressor):
         expected = k * s / n
         rank = math.ceil(expected + 4 * math.sqrt(expected) + 2)
         threshold = kth_largest(sample, rank)
+        if not threshold > 0:
+            # Mostly zeros (an embedding's gradient): every entry would be a candidate.
+            return self._topk_of_all(ax, k)
         candidates = self._at_least(ax, threshold).nonzero().view(-1)
         if candidates.numel() < k:
-            return exact_topk(ax, k)
+            return self._topk_of_all(ax, k)
         if candidates.numel() == k:
             return candidates
         return candidates[exact_topk(ax[candidates], k)]

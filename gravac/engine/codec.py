@@ -58,8 +58,10 @@ class SparseCodec:
         codec = SparseCodec(layers)                        # layers: [SparseLayer, ...]
         buffer, ctx = codec.pack([(values, indices), ...])
         gathered = comm.allgather_bytes(buffer, name="gravac.sparse")
+        codec.aggregate_into(gathered, ctx, comm.size, [g.view(-1) for g in grads])
+        # or, into a new flat buffer of all layers:
         flat = codec.aggregate(gathered, ctx, world_size=comm.size)
-        grads = codec.split(flat, ctx)                     # one flat dense tensor per layer
+        parts = codec.split(flat, ctx)                     # one flat tensor per layer
     """
 
     def __init__(self, layers: Sequence[SparseLayer], device: torch.device | str = "cpu"):
@@ -76,7 +78,6 @@ class SparseCodec:
             offsets.append(offsets[-1] + layer.numel)
         self.offsets = offsets
         self.total_numel = offsets[-1]
-        self._offsets_tensor = torch.tensor(offsets[:-1], dtype=torch.int64, device=self.device)
 
     # -- packing ------------------------------------------------------------------------
     def pack(self, selections: Sequence[tuple[torch.Tensor, torch.Tensor]]):
@@ -131,26 +132,50 @@ class SparseCodec:
             pos += chunk_bytes
 
     def aggregate(self, gathered: torch.Tensor, ctx: PackContext, world_size: int,
-                   accumulate_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+                  accumulate_dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """Sum every rank's values into one flat buffer over all layers, divide by ranks.
 
         Duplicate indices (different ranks picking the same entry) are summed. Returns a
         flat tensor of ``self.total_numel`` elements; ``split`` cuts it per layer.
         """
         out = torch.zeros(self.total_numel, dtype=accumulate_dtype, device=ctx.device)
-        all_values, all_indices = [], []
+        self.aggregate_into(gathered, ctx, world_size, self.split(out, ctx))
+        return out
+
+    def aggregate_into(self, gathered: torch.Tensor, ctx: PackContext, world_size: int,
+                       outs: Sequence[torch.Tensor]) -> None:
+        """Write each layer's average over ranks into ``outs`` (one flat tensor per layer,
+        e.g. the gradients' views; overwritten).
+
+        Values are summed in the output's dtype when it is float32 or float64 (an entry
+        picked by several ranks is summed, then divided), in float32 for fp16/bf16
+        outputs. Only the entries some rank sent are divided: the others are zero. No
+        buffer of the whole model is allocated or passed over more than once (zeroing).
+        """
+        if len(outs) != len(self.layers):
+            raise ValueError(f"expected {len(self.layers)} output tensors, got {len(outs)}")
+        per_layer: list[tuple[list, list]] = [([], []) for _ in self.layers]
         chunks = 0
         for counts, values, indices in self.unpack(gathered, ctx):
             chunks += 1
-            counts_t = torch.tensor(counts, dtype=torch.int64, device=ctx.device)
-            layer_offset = torch.repeat_interleave(self._offsets_tensor, counts_t)
-            all_indices.append(indices.to(torch.int64) + layer_offset)
-            all_values.append(values.to(accumulate_dtype))
+            for (vals, idxs), v, i in zip(per_layer, values.split(counts), indices.split(counts)):
+                vals.append(v)
+                idxs.append(i)
         if chunks != world_size:
             raise RuntimeError(f"sparse allgather returned {chunks} chunks for {world_size} ranks")
-        if all_indices:
-            out.index_add_(0, torch.cat(all_indices), torch.cat(all_values))
-        return out.div_(world_size)
+        for out, (vals, idxs) in zip(outs, per_layer):
+            exact = out.dtype in (torch.float32, torch.float64)
+            acc = out if exact else torch.zeros(out.numel(), dtype=torch.float32, device=out.device)
+            if exact:
+                acc.zero_()
+            index = torch.cat(idxs).to(torch.int64) if len(idxs) > 1 else idxs[0].to(torch.int64)
+            if index.numel():
+                acc.index_add_(0, index, torch.cat(vals).to(acc.dtype))
+                if world_size > 1:
+                    # Every sent entry is divided once: duplicates write the same quotient.
+                    acc.index_copy_(0, index, acc[index].div_(world_size))
+            if not exact:
+                out.copy_(acc)
 
     def split(self, flat: torch.Tensor, ctx: PackContext) -> list[torch.Tensor]:
         """Views of ``flat`` for each layer, in order."""

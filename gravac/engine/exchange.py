@@ -1,9 +1,10 @@
 """Exchanges: how a step's selected values and dense layers travel between ranks.
 
 An exchange gets, per step, the sparse payload (per layer: values and flat indices this
-rank sends) and the layers that go dense, starts the collectives, and on ``finish()``
-writes the averaged gradients into the parameters' ``.grad``. It issues a constant number
-of collectives per step, whatever the number of layers, in the same order on every rank.
+rank sends) and the layers that go dense, starts the collectives; after ``wait()``,
+``unpack()`` writes the averaged gradients into the parameters' ``.grad``. It issues a
+constant number of collectives per step, whatever the number of layers, in the same order
+on every rank.
 
 ``AllgatherExchange`` (the paper's, and today's only one): ONE allgather of all sparse
 layers packed into one byte buffer (``SparseCodec``), ONE grouped allreduce per dense
@@ -12,8 +13,9 @@ dtype. Other exchanges (hierarchical, shared index sets, low-rank allreduce) plu
 Example::
 
     exchange = AllgatherExchange(comm, prefix="gravac")
-    pending = exchange.start(sparse=[(layer, values, indices), ...], dense=[layer, ...])
-    traffic = pending.finish()          # grads written; bytes this rank sent
+    pending = exchange.start(exchange.pack([(layer, values, indices), ...]), dense=[layer, ...])
+    pending.wait()                      # the communication
+    pending.unpack()                    # grads written; pending.bytes_sent: this rank's bytes
 """
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ DENSE_WIRE = ("native", "fp16")
 
 
 class PendingExchange:
-    """Collectives in flight; ``finish()`` waits and writes the averaged gradients."""
+    """Collectives in flight; ``wait()`` then ``unpack()`` writes the averaged gradients."""
 
     def __init__(self, exchange, sparse_layers, codec, ctx, gather, reductions, nbytes):
         self._exchange = exchange
@@ -39,23 +41,22 @@ class PendingExchange:
         self._gather, self._reductions = gather, reductions
         self.bytes_sent = nbytes
 
-    def wait_dense(self) -> None:
-        """Wait for the dense reductions and write them back (the communication phase)."""
-        gathered = self._gather.wait() if self._gather is not None else None
-        for handle, layers, wire in self._reductions:
+    def wait(self) -> None:
+        """Wait for every collective of the step (the communication phase)."""
+        self._gathered = self._gather.wait() if self._gather is not None else None
+        for handle, _, _ in self._reductions:
             handle.wait()
+
+    def unpack(self) -> None:
+        """Write the averaged gradients: dense wire copies back, sparse values summed."""
+        for _, layers, wire in self._reductions:
             for layer, averaged in zip(layers, wire):
                 if averaged is not layer.param.grad:
                     layer.param.grad.copy_(averaged)
-        self._gathered = gathered
-
-    def unpack(self) -> None:
-        """Aggregate the gathered sparse values into the sparse layers' gradients."""
         if self._gathered is None:
             return
-        flat = self._codec.aggregate(self._gathered, self._ctx, world_size=self._exchange.comm.size)
-        for layer, part in zip(self._sparse_layers, self._codec.split(flat, self._ctx)):
-            layer.param.grad.view(-1).copy_(part)
+        self._codec.aggregate_into(self._gathered, self._ctx, self._exchange.comm.size,
+                                   [layer.param.grad.view(-1) for layer in self._sparse_layers])
 
 
 class AllgatherExchange:

@@ -18,6 +18,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from ..controllers.base import SENT_CANDIDATE, SENT_DENSE, SENT_MIN
+from .phases import PHASES
 
 #: The step was skipped on every rank (a NaN/Inf gradient somewhere): nothing was sent.
 SENT_SKIPPED = "skipped"
@@ -39,8 +40,11 @@ class StepStats:
     values_sent: sparse values this rank sent; floats_sent: values and indices (one float
     each, as the paper counts) plus dense elements; dense_floats: what dense would send;
     bytes_sent: this rank's bytes on the wire; t_*: seconds (None when not measured);
-    t_discarded: the part of t_compress spent on compression that was then not sent (both
-    levels of a step that went dense), which the controller's t_iter leaves out.
+    t_compress: local work (the sum of the ``LOCAL_PHASES``); t_comm: time spent waiting in
+    collectives (the NaN/Inf flag, the gains, the exchange: the ``WAIT_PHASES``);
+    t_discarded: the time spent on compression that was then not sent (selection, norms
+    and the gains allreduce of a step that went dense), which the controller's t_iter
+    leaves out.
     """
 
     step: int
@@ -65,6 +69,18 @@ class StepStats:
     t_update: float | None = None
     t_iter: float | None = None
     t_discarded: float = 0.0
+    # The phases of t_compress (local work) and t_comm (waits): gravac/engine/phases.py.
+    t_control: float | None = None
+    t_check: float | None = None
+    t_feedback: float | None = None
+    t_select: float | None = None
+    t_norms: float | None = None
+    t_residual: float | None = None
+    t_pack: float | None = None
+    t_unpack: float | None = None
+    t_wait_check: float | None = None
+    t_wait_gains: float | None = None
+    t_wait_exchange: float | None = None
     nonfinite_ranks: list[int] = field(default_factory=list)
     layer_cf: dict[str, float] | None = None
 
@@ -97,10 +113,11 @@ STEP_COLUMNS = (
     ("gain_c", "compression/gain_c"), ("delta_min", "compression/delta_min"),
     ("delta_c", "compression/delta_c"),
     ("floats_sent", "traffic/floats_sent"), ("cum_floats_sent", "traffic/cum_floats_sent"),
-    ("dense_floats", "traffic/dense_floats"),
+    ("dense_floats", "traffic/dense_floats"), ("bytes_sent", "traffic/bytes_sent"),
     ("cum_dense_floats", "traffic/cum_dense_floats"),
     ("t_compute", "time/compute"), ("t_compress", "time/compress"),
     ("t_comm", "time/communicate"), ("t_iter", "time/step"),
+    *((name, f"time/phase/{name[2:]}") for name in PHASES),
 )
 STEP_FIELDS = tuple(name for name, _ in STEP_COLUMNS)
 #: TensorBoard tag -> step field.

@@ -29,6 +29,7 @@ from ..memory import ResidualMemory, SparseSent
 from .agreement import check_agreement
 from .exchange import AllgatherExchange
 from .layers import Layer
+from .phases import PhaseClock
 from .record import SENT_SKIPPED, StepStats
 
 
@@ -69,6 +70,9 @@ class StepEngine:
         self._consecutive_skips = 0
         # CUDA kernels run asynchronously: time phases only after the device has finished.
         self._cuda = any(l.param.is_cuda for l in layers)
+        #: On CUDA, synchronise at every phase boundary for an exact split (costs a device
+        #: sync per phase; ``benchmarks/step_profile.py`` turns it on). CPU: always exact.
+        self.exact_phases = False
         self.controller.bind(self.compressed_layer_names, comm)
 
     @property
@@ -95,21 +99,22 @@ class StepEngine:
     def synchronize(self, step: int, lr_decayed: bool, t_compute: float | None) -> StepStats:
         """Average every layer's gradient across ranks (compressed as the controller
         plans), in place in ``.grad``; returns what the step did."""
-        t0 = self.now()
+        clock = PhaseClock(self.now, exact=not self._cuda or self.exact_phases)
         # A learning-rate decay must reach the controller before it plans the step that
         # uses the new rate.
         if lr_decayed:
             self.controller.on_lr_decay()
         plan = self.controller.plan(step)
+        clock.lap("t_control")
         self._densify_grads()
-        bad_ranks = self._nonfinite_ranks()
+        bad_ranks = self._nonfinite_ranks(clock)
         if bad_ranks:
-            return self._skip(step, bad_ranks, t0, t_compute)
+            return self._skip(step, bad_ranks, clock, t_compute)
         if self.controller.wants_gradients:
             self.controller.observe_gradients(
                 {l.name: l.param.grad for l in self.layers if l.compressible})
+            clock.lap("t_control")
 
-        t_select = self.now()
         dense = [l for l in self.layers if not l.compressible]
         selections: list[_Selection] = []
         for layer in self.layers:
@@ -121,13 +126,16 @@ class StepEngine:
                 # zero, e.g. GraVAC settled on dense on a fast link: no extra passes).
                 self.memory.flush_into(layer.name, layer.param.grad)
                 dense.append(layer)
+                clock.lap("t_feedback")
                 continue
             g_ef = self.memory.compensate(layer.name, layer.param.grad)
+            clock.lap("t_feedback")
             selections.append(self._select(layer, g_ef, cf, plan.theta_c, step))
+            clock.lap("t_select")
 
         gain_min = gain_c = None
         if plan.needs_gains:
-            gain_min, gain_c = self._agree_gains(selections, plan.gain_measure)
+            gain_min, gain_c = self._agree_gains(selections, plan.gain_measure, clock)
             if not any(s.val_c is not None for s in selections):
                 gain_c = None
         sent = self.controller.decide(gain_min, gain_c) if selections else SENT_MIN
@@ -137,11 +145,14 @@ class StepEngine:
         if sent == SENT_CANDIDATE and any(s.val_c is None for s in selections):
             raise RuntimeError("controller chose the candidate but its plan had no candidate CF "
                                "above theta_min")
+        clock.lap("t_control")
 
         payload = []
         # Compression computed and then not used (a dense decision): Algorithm 1 times a
         # dense step without it (line 23), so the controller is told t_iter minus this.
-        t_discarded = self.now() - t_select if sent == SENT_DENSE and selections else 0.0
+        t_discarded = 0.0
+        if sent == SENT_DENSE and selections:
+            t_discarded = sum(clock.times[p] for p in ("t_select", "t_norms", "t_wait_gains"))
         if sent == SENT_DENSE:
             for s in selections:
                 s.layer.param.grad.view(-1).copy_(s.g_ef)
@@ -154,13 +165,14 @@ class StepEngine:
                 payload.append((s.layer, val, idx))
                 # val is a copy (gathered), so g_ef's buffer may now become the residual.
                 self.memory.update(s.layer.name, s.g_ef, SparseSent(idx, val))
+        clock.lap("t_residual")
         packed = self.exchange.pack(payload)
-        t1 = self.now()
+        clock.lap("t_pack", sync=True)
         pending = self.exchange.start(packed, dense)
-        pending.wait_dense()
-        t2 = self.now()
+        pending.wait()
+        clock.lap("t_wait_exchange", sync=True)
         pending.unpack()
-        t3 = self.now()
+        clock.lap("t_unpack", sync=True)
 
         kept = sum(int(v.numel()) for _, v, _ in payload)
         sparse_numel = sum(s.layer.numel for s in selections)
@@ -185,8 +197,8 @@ class StepEngine:
             # Values and indices each count as one float (as the paper counts), plus dense.
             floats_sent=2 * kept + dense_numel,
             dense_floats=sum(l.numel for l in self.layers), bytes_sent=pending.bytes_sent,
-            t_compute=t_compute, t_compress=(t1 - t0) + (t3 - t2), t_comm=t2 - t1,
-            t_discarded=t_discarded,
+            t_compute=t_compute, t_compress=clock.local(), t_comm=clock.waits(),
+            t_discarded=t_discarded, **clock.times,
             layer_cf=None if plan.layer_cf is None else dict(plan.layer_cf))
 
     def end_step(self, stats: StepStats, samples: float | None) -> None:
@@ -230,7 +242,8 @@ class StepEngine:
             sel.idx_c, sel.val_c = idx_min[sub], val_min[sub]
         return sel
 
-    def _agree_gains(self, selections: list[_Selection], measure: str = "energy"):
+    def _agree_gains(self, selections: list[_Selection], measure: str = "energy",
+                     clock: PhaseClock | None = None):
         """Whole-model compression gains of both levels, summed over ranks with one tiny
         allreduce. ``"energy"``: Σ‖g_min‖²/Σ‖g_ef‖² and Σ‖g_c‖²/Σ‖g_ef‖² (Algorithm 1);
         ``"norm"``: Σ‖g_min‖/Σ‖g‖ and Σ‖g_c‖/Σ‖g‖, per-layer norms with the raw gradient g
@@ -249,27 +262,31 @@ class StepEngine:
             sums = torch.stack(rows).double().sum(0).cpu()
         else:
             sums = torch.zeros(3, dtype=torch.float64)
+        if clock is not None:
+            clock.lap("t_norms", sync=True)
         sums = self.comm.allreduce(sums, op="sum", name=f"{self.prefix}.gains")
+        if clock is not None:
+            clock.lap("t_wait_gains", sync=True)
         total = float(sums[2])
         if total <= 0.0:
             return 1.0, 1.0
         return float(sums[0]) / total, float(sums[1]) / total
 
-    def _nonfinite_ranks(self) -> list[int]:
+    def _nonfinite_ranks(self, clock: PhaseClock) -> list[int]:
         """Ranks whose gradient has a NaN or Inf this step, agreed by one tiny allreduce.
 
         Checked before error feedback touches the residuals, so a skipped step leaves them
-        as they were. A float64 sum is finite exactly when no entry is NaN or Inf.
+        as they were.
         """
-        grads = [l.param.grad for l in self.layers]
-        local = torch.stack([g.sum(dtype=torch.float64) for g in grads]).sum() if grads else None
         flags = torch.zeros(self.comm.size, dtype=torch.float64)
-        if local is not None and not bool(torch.isfinite(local)):
+        if _has_nonfinite([l.param.grad for l in self.layers]):
             flags[self.comm.rank] = 1.0
+        clock.lap("t_check", sync=True)
         flags = self.comm.allreduce(flags, op="sum", name=f"{self.prefix}.finite")
+        clock.lap("t_wait_check", sync=True)
         return [r for r, f in enumerate(flags.tolist()) if f > 0]
 
-    def _skip(self, step: int, bad_ranks: list[int], t0: float, t_compute) -> StepStats:
+    def _skip(self, step: int, bad_ranks: list[int], clock: PhaseClock, t_compute) -> StepStats:
         self._consecutive_skips += 1
         self.skipped_steps.append({"step": step, "ranks": bad_ranks})
         if self.nonfinite == "raise" or self._consecutive_skips > self.max_consecutive_skips:
@@ -282,8 +299,8 @@ class StepEngine:
                 "clip gradients (optimizer.grad_clip) or check the data of those ranks.")
         return StepStats(step=step, sent=SENT_SKIPPED, cf=1.0, nonfinite_ranks=bad_ranks,
                          dense_floats=sum(l.numel for l in self.layers),
-                         t_compute=t_compute, t_compress=self.now() - t0, t_comm=0.0,
-                         t_update=0.0)
+                         t_compute=t_compute, t_compress=clock.local(), t_comm=clock.waits(),
+                         t_update=0.0, **clock.times)
 
     # -- state ----------------------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -297,6 +314,19 @@ class StepEngine:
                                     like={l.name: l.param for l in self.layers})
         self.controller.load_state_dict(state["controller"])
         self.compressor.load_state_dict(state.get("compressor", {}))
+
+
+def _has_nonfinite(grads: list[torch.Tensor]) -> bool:
+    """Whether any entry is NaN or Inf: one sum per tensor (a NaN or Inf entry makes it
+    NaN or Inf), entry by entry only when a sum is not finite (finite entries may
+    overflow the sum). A float64 sum was ~10x the cost of a float32 one on CPU."""
+    if not grads:
+        return False
+    sums = torch.stack([g.sum(dtype=torch.float32 if g.dtype in (torch.float16, torch.bfloat16)
+                              else g.dtype).double() for g in grads])
+    if bool(torch.isfinite(sums).all()):
+        return False
+    return any(not bool(torch.isfinite(g).all()) for g in grads)
 
 
 def _sq_norm(t: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,71 @@
+"""Where a step's synchronisation spends its time: local work and waits in collectives.
+
+``t_compress`` used to start before the NaN/Inf allreduce and include the gains
+allreduce, so it absorbed the other rank's backward skew and Horovod's cycle; it looked
+like compression. The engine now times each phase with a ``PhaseClock`` (one clock read
+per phase boundary) and reports every phase in the step record:
+
+local work (``LOCAL_PHASES``, their sum is ``t_compress``)
+    t_control   the controller's plan and decision
+    t_check     the local NaN/Inf scan of the gradients
+    t_feedback  error feedback: g_ef = g + residual (and dense layers absorbing theirs)
+    t_select    both levels' selection and the gathering of the kept values
+    t_norms     the per-layer norms behind the compression gains
+    t_residual  residual <- g_ef - sent
+    t_pack      packing the sparse values and indices into the wire buffer
+    t_unpack    summing every rank's values into the gradients (and fp16 copies back)
+
+waits in collectives (``WAIT_PHASES``, their sum is ``t_comm``)
+    t_wait_check     the NaN/Inf flag allreduce (absorbs the ranks' backward skew)
+    t_wait_gains     the gains allreduce
+    t_wait_exchange  the sparse allgather and the dense allreduces
+
+On CUDA a clock read would synchronise the device; by default only the phase
+boundaries that already synchronised do (``exact=False``), so the split between the
+local phases is where the host waited, not where the kernels ran; the totals stay exact.
+``benchmarks/step_profile.py`` prints these phases for a model and a CF.
+
+Example::
+
+    clock = PhaseClock(engine.now)
+    ...                                   # select
+    clock.lap("t_select")
+    clock.times["t_select"]               # seconds since the previous lap
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+LOCAL_PHASES = ("t_control", "t_check", "t_feedback", "t_select", "t_norms", "t_residual",
+                "t_pack", "t_unpack")
+WAIT_PHASES = ("t_wait_check", "t_wait_gains", "t_wait_exchange")
+PHASES = LOCAL_PHASES + WAIT_PHASES
+
+
+class PhaseClock:
+    """Adds the time since the previous ``lap`` to the named phase.
+
+    ``synced_now`` is the clock that waits for the device (``StepEngine.now``); with
+    ``exact=False`` it is read only by ``lap(..., sync=True)`` and the other laps use the
+    host clock alone.
+    """
+
+    def __init__(self, synced_now: Callable[[], float], exact: bool = True):
+        self._synced_now = synced_now
+        self._exact = exact
+        self.start = self._last = synced_now()
+        self.times = dict.fromkeys(PHASES, 0.0)
+
+    def lap(self, phase: str, sync: bool = False) -> float:
+        """Charge the time since the previous lap to ``phase``; returns the clock read."""
+        now = self._synced_now() if (self._exact or sync) else time.perf_counter()
+        self.times[phase] += now - self._last
+        self._last = now
+        return now
+
+    def local(self) -> float:
+        return sum(self.times[p] for p in LOCAL_PHASES)
+
+    def waits(self) -> float:
+        return sum(self.times[p] for p in WAIT_PHASES)
