@@ -48,6 +48,7 @@ METHODS: dict[str, tuple[str, list[str]]] = {
     "dense": ("dense.yaml", []),
     "horovod_fp16": ("horovod_fp16.yaml", []),
     "static_topk_10x": ("static_topk_10x.yaml", []),
+    "static_topk_40x": ("static_topk_10x.yaml", ["compression.cf=40"]),
     "static_topk_1000x": ("static_topk_1000x.yaml", []),
     # Accordion's intervals are epochs in the paper; here runs are a few hundred steps.
     "accordion": ("{accordion}", ["compression.accordion.interval_steps=25",
@@ -94,7 +95,9 @@ def run_dir_of(out: Path, rate: str, backend: str, method: str) -> Path:
 
 
 def run_one(method: str, rate: str, steps: int, out: Path, np_: int, extra: list[str],
-            workload: str, backend: str) -> Path:
+            workload: str, backend: str, sandbox: bool = True) -> Path:
+    """Train ``workload`` with ``method`` (inside the bandwidth sandbox at ``rate`` unless
+    ``sandbox`` is false); returns the run directory."""
     config, accordion, _ = WORKLOADS[workload]
     compression, sets = METHODS[method]
     compression = compression.format(accordion=accordion)
@@ -102,8 +105,8 @@ def run_one(method: str, rate: str, steps: int, out: Path, np_: int, extra: list
     overrides = [f"run.output_dir={run_dir.parent}", f"run.name={method}", f"run.steps={steps}",
                  "run.overwrite=true", "run.progress=never", f"run.backend={backend}",
                  *sets, *extra]
-    command = ["bash", str(REPO / "hvd_scripts/bandwidth_sandbox.sh"), rate, "--",
-               *launcher(backend, np_),
+    command = ["bash", str(REPO / "hvd_scripts/bandwidth_sandbox.sh"), rate, "--"] if sandbox else []
+    command += [*launcher(backend, np_),
                "--config", str(REPO / config), str(REPO / "configs/compression" / compression)]
     for text in overrides:
         command += ["--set", text]

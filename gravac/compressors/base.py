@@ -99,27 +99,29 @@ class Compressor(ABC):
         """Mask ax >= threshold in a reused buffer (valid until the next call)."""
         return torch.ge(ax, threshold, out=self._scratch("mask", ax.numel(), torch.bool, ax.device))
 
-    def _topk_of_all(self, ax: torch.Tensor, k: int) -> torch.Tensor:
-        """Exact top-k of the whole of ``ax`` (magnitudes, >= 0), fast when most are zero.
+    def _topk_of_all(self, x: torch.Tensor, k: int) -> torch.Tensor:
+        """Exact top-k by magnitude of the whole of ``x`` (values or their magnitudes),
+        fast when most entries are zero.
 
         Error-fed gradients of embeddings are mostly exact zeros (a batch touches few
         rows): a sampled threshold is then 0, every entry is a candidate, and a full
         ``torch.topk`` over millions of entries costs ~20x a pass. Here the nonzero
-        entries are found in one pass; when at most k are nonzero they are all kept and the
-        first zero entries fill up to k (zeros are all equally large: any of them is an
-        exact answer), else the top-k runs over the nonzeros only.
+        entries are found in one pass over ``x`` (no |x| of the whole tensor); when at most
+        k are nonzero they are all kept and the first zero entries fill up to k (zeros are
+        all equally large: any of them is an exact answer), else the top-k runs over the
+        nonzeros only.
         """
-        n = ax.numel()
-        positive = torch.gt(ax, 0, out=self._scratch("mask", n, torch.bool, ax.device))
-        nnz = int(torch.count_nonzero(positive))
+        n = x.numel()
+        nonzero_mask = torch.ne(x, 0, out=self._scratch("mask", n, torch.bool, x.device))
+        nnz = int(torch.count_nonzero(nonzero_mask))
         if nnz > n // 2:
-            return exact_topk(ax, k)
-        nonzero = positive.nonzero().view(-1)
+            return exact_topk(self._magnitudes(x), k)
+        nonzero = nonzero_mask.nonzero().view(-1)
         if nnz > k:
-            return nonzero[exact_topk(ax[nonzero], k)]
+            return nonzero[exact_topk(x[nonzero].abs(), k)]
         need = k - nnz
         # The first need + nnz entries hold at least `need` zeros.
-        zeros = (~positive[:need + nnz]).nonzero().view(-1)[:need]
+        zeros = (~nonzero_mask[:need + nnz]).nonzero().view(-1)[:need]
         return torch.cat([nonzero, zeros])
 
     def count_bounds(self, k: int, n: int) -> tuple[int, int]:

@@ -45,15 +45,16 @@ class TopK(Compressor):
         self._generator = torch.Generator().manual_seed(seed)
 
     def _select(self, x: torch.Tensor, k: int, ctx: SelectContext) -> torch.Tensor:
-        ax = self._magnitudes(x)
-        n = ax.numel()
-        # Small tensors, or k so large that candidates would not be much fewer than n.
+        n = x.numel()
         if n <= self.direct_below:
-            return exact_topk(ax, k)
+            return exact_topk(self._magnitudes(x), k)
+        # k so large that candidates would not be much fewer than n.
         if 8 * k >= n:
-            return self._topk_of_all(ax, k)
+            return self._topk_of_all(x, k)
         s = min(n, max(self.min_sample, math.ceil(n * self.sample_fraction)))
-        sample = sample_magnitudes(ax, s, self._generator)
+        # The sample's magnitudes only: |x| of the whole tensor is needed only when the
+        # threshold is above zero.
+        sample = sample_magnitudes(x, s, self._generator).abs()
         # The number of sample entries at or above the true k-th largest magnitude is
         # Binomial(s, k/n). Taking the threshold at that mean plus 4 standard deviations
         # (+2) leaves at least k candidates except with probability ~3e-5 (then the
@@ -63,10 +64,11 @@ class TopK(Compressor):
         threshold = kth_largest(sample, rank)
         if not threshold > 0:
             # Mostly zeros (an embedding's gradient): every entry would be a candidate.
-            return self._topk_of_all(ax, k)
+            return self._topk_of_all(x, k)
+        ax = self._magnitudes(x)
         candidates = self._at_least(ax, threshold).nonzero().view(-1)
         if candidates.numel() < k:
-            return self._topk_of_all(ax, k)
+            return self._topk_of_all(x, k)
         if candidates.numel() == k:
             return candidates
         return candidates[exact_topk(ax[candidates], k)]

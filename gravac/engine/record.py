@@ -116,7 +116,7 @@ STEP_COLUMNS = (
     ("dense_floats", "traffic/dense_floats"), ("bytes_sent", "traffic/bytes_sent"),
     ("cum_dense_floats", "traffic/cum_dense_floats"),
     ("t_compute", "time/compute"), ("t_compress", "time/compress"),
-    ("t_comm", "time/communicate"), ("t_iter", "time/step"),
+    ("t_comm", "time/communicate"), ("t_update", "time/update"), ("t_iter", "time/step"),
     *((name, f"time/phase/{name[2:]}") for name in PHASES),
 )
 STEP_FIELDS = tuple(name for name, _ in STEP_COLUMNS)

@@ -31,7 +31,7 @@ _INFERRED_METRICS = ("top1", "perplexity", "top5", "loss")
 _STEP_NUMBERS = ("epoch", "time", "loss", "lr", "cf", "cf_actual", "theta_min", "theta_c", "gain_min",
                  "gain_c", "floats_sent", "cum_floats_sent", "dense_floats",
                  "cum_dense_floats", "bytes_sent", "t_compute", "t_compress", "t_comm",
-                 "t_iter", "samples_per_sec", *PHASES)
+                 "t_update", "t_iter", "samples_per_sec", *PHASES)
 _EVAL_NUMBERS = ("time", "loss", "top1", "top5", "perplexity")
 _WINDOW_NUMBERS = ("time", "theta_min", "theta_c", "delta_min", "delta_c")
 _END_NUMBERS = ("time",)

@@ -95,6 +95,10 @@ class DataConfig:
     options: dict = field(default_factory=dict)
 
 
+#: optimizer.implementation values (see OptimizerConfig).
+OPTIMIZER_IMPLEMENTATIONS = ("auto", "fused", "foreach", "loop")
+
+
 @dataclass
 class OptimizerConfig:
     name: str = "sgd"
@@ -105,6 +109,10 @@ class OptimizerConfig:
     lr_milestones: list[int] = field(default_factory=list)
     lr_gamma: float = 0.1
     grad_clip: float | None = None
+    # How torch runs the update: "fused" (one kernel per tensor: ~4x faster than the
+    # per-tensor loop on CPU; the same update up to rounding in the last bit), "foreach",
+    # "loop" (torch's CPU default), or "auto" (fused where torch supports it).
+    implementation: str = "auto"
 
 
 def options_of(component: type, name: str) -> type:
@@ -402,6 +410,8 @@ def validate(cfg: Config) -> None:
     _require(all(m >= 1 for m in o.lr_milestones) and o.lr_milestones == sorted(set(o.lr_milestones)),
              "optimizer.lr_milestones", o.lr_milestones, "must be increasing iteration numbers >= 1")
     _require(0 < o.lr_gamma <= 1, "optimizer.lr_gamma", o.lr_gamma, "must be in (0, 1]")
+    _require(o.implementation in OPTIMIZER_IMPLEMENTATIONS, "optimizer.implementation",
+             o.implementation, f"must be one of {', '.join(OPTIMIZER_IMPLEMENTATIONS)}")
     _require(o.grad_clip is None or o.grad_clip > 0, "optimizer.grad_clip", o.grad_clip,
              "must be > 0 or null")
 

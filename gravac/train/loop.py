@@ -44,9 +44,7 @@ def build_optimizer(cfg: Config, model: torch.nn.Module, comm: Comm,
     Horovod plain ``hvd.DistributedOptimizer`` (``Compression.fp16`` with
     ``horovod_compression=fp16``); on torch.distributed a plain optimizer, the model
     being in DDP (``uses_ddp``); in one process gravac's with no compression."""
-    o = cfg.optimizer
-    base = torch.optim.SGD(model.parameters(), lr=o.lr, momentum=o.momentum,
-                           weight_decay=o.weight_decay, nesterov=o.nesterov)
+    base = build_sgd(cfg.optimizer, model)
     c = cfg.compression
     if c.controller == "dense" and comm.backend == "horovod":
         import horovod.torch as hvd
@@ -68,6 +66,37 @@ def build_optimizer(cfg: Config, model: torch.nn.Module, comm: Comm,
                           defer_agreement=defer_agreement,
                           dense_wire="fp16" if dense and c.horovod_compression == "fp16"
                           else "native")
+
+
+def build_sgd(o, model: torch.nn.Module) -> torch.optim.SGD:
+    """SGD as ``optimizer`` configures it. ``implementation: auto`` takes torch's fused
+    kernel when it supports the parameters (on CPU ~4x faster than the default per-tensor
+    loop over the LSTM's 5.4M parameters; the same update up to rounding in the last bit),
+    else torch's own default."""
+    kwargs = dict(lr=o.lr, momentum=o.momentum, weight_decay=o.weight_decay, nesterov=o.nesterov)
+    impl = o.implementation
+    if impl == "auto":
+        try:
+            return torch.optim.SGD(model.parameters(), fused=True, **kwargs)
+        except (RuntimeError, ValueError, TypeError):
+            return torch.optim.SGD(model.parameters(), **kwargs)
+    flags = {"fused": {"fused": True}, "foreach": {"foreach": True},
+             "loop": {"foreach": False}}[impl]
+    return torch.optim.SGD(model.parameters(), **flags, **kwargs)
+
+
+_IMPLEMENTATION_KEYS = ("fused", "foreach")
+
+
+def _implementation_of(opt) -> dict:
+    return {k: opt.param_groups[0].get(k) for k in _IMPLEMENTATION_KEYS}
+
+
+def _keep_implementation(opt, flags: dict) -> None:
+    """A loaded optimizer state brings the saved run's kernel choice in its param groups;
+    the configured one stays (``optimizer.implementation`` may change on resume)."""
+    for group in opt.param_groups:
+        group.update(flags)
 
 
 def uses_ddp(cfg: Config, comm: Comm) -> bool:
@@ -146,6 +175,7 @@ class Trainer:
         self.task = build_task(cfg, self.rank, self.world)
         self.model = self.task.model
         self.opt = build_optimizer(cfg, self.model, comm, defer_agreement=elastic)
+        self._implementation = _implementation_of(self.opt)
         if uses_ddp(cfg, comm):
             from ..torch.ddp import wrap_ddp
 
@@ -226,6 +256,7 @@ class Trainer:
                               f"holds another model ({first}); resume with the run's "
                               "model settings or start a new run") from None
         self.opt.load_state_dict(rank_state["optimizer"])
+        _keep_implementation(self.opt, self._implementation)
         self.scheduler.load_state_dict(common["scheduler"])
         set_rng_state(rank_state["rng"])
         self.task.load_state_dict(rank_state["task"])
@@ -296,6 +327,7 @@ class Trainer:
         # Also drops gradient handles a failed collective left behind (Horovod's optimizer
         # clears them in load_state_dict; gravac's resets its step flags).
         self.opt.load_state_dict(opt_state)
+        _keep_implementation(self.opt, self._implementation)
         self.scheduler.load_state_dict(copy.deepcopy(shared["scheduler"]))
         for key, value in shared["position"].items():
             setattr(self, key, value)

@@ -26,6 +26,7 @@ MAY_CHANGE = (
     "run.resume_allow_changes",
     "data.root",                                         # the same data, moved
     "data.eval_batch_size",
+    "optimizer.implementation",                          # the same update, another kernel
 )
 
 

@@ -79,3 +79,33 @@ def test_wrong_number_of_selections():
     codec = SparseCodec(_layers())
     with pytest.raises(ValueError, match="expected 3"):
         codec.pack([(torch.ones(1), torch.tensor([0]))])
+
+
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("ranks", [1, 2, 3])
+def test_aggregate_into_writes_the_exact_average_into_the_outputs(out_dtype, ranks):
+    """What the engine uses: each layer's average written straight into its gradient
+    (stale contents overwritten), equal to summing every rank's dense scatter in the
+    accumulation dtype and dividing once."""
+    wire = torch.float32 if out_dtype in (torch.float16, torch.bfloat16) else out_dtype
+    layers = [SparseLayer("a", 1000, wire), SparseLayer("b", 37, wire)]
+    codec = SparseCodec(layers)
+    g = torch.Generator().manual_seed(ranks)
+    buffers, sums = [], [torch.zeros(l.numel, dtype=wire) for l in layers]
+    for _ in range(ranks):
+        selections = []
+        for layer, total in zip(layers, sums):
+            # Ranks overlap on half their picks (duplicates across ranks are summed).
+            idx = torch.cat([torch.arange(0, layer.numel, 7)[:20],
+                             torch.randperm(layer.numel, generator=g)[:20]]).unique()
+            vals = torch.randn(idx.numel(), generator=g, dtype=torch.float64).to(wire)
+            total.index_add_(0, idx, vals)
+            selections.append((vals, idx))
+        buffer, ctx = codec.pack(selections)
+        buffers.append(buffer)
+    outs = [torch.full((l.numel,), 123.0, dtype=out_dtype) for l in layers]   # stale grads
+    codec.aggregate_into(torch.cat(buffers), ctx, ranks, outs)
+    for got, total in zip(outs, sums):
+        assert torch.equal(got, (total / ranks).to(out_dtype))
+    with pytest.raises(ValueError, match="expected 2 output tensors"):
+        codec.aggregate_into(torch.cat(buffers), ctx, ranks, outs[:1])

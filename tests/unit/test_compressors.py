@@ -215,3 +215,51 @@ def test_multilevel_topk_equals_direct_topk():
             direct = comp.select(x, num_kept(n, theta_c))
             assert set(two_level.tolist()) == set(direct.tolist()), (n, theta_min, theta_c)
             assert math.ceil(n / theta_c) <= 1 or two_level.numel() == math.ceil(n / theta_c)
+
+
+def _embedding_gradient(rows_touched, n_rows=20_000, dim=128, dtype=torch.float32):
+    """Like an embedding's error-fed gradient: a few rows nonzero, all others exact zeros."""
+    g = torch.Generator().manual_seed(rows_touched)
+    x = torch.zeros(n_rows, dim, dtype=dtype)
+    rows = torch.randperm(n_rows, generator=g)[:rows_touched]
+    x[rows] = torch.randn(rows_touched, dim, generator=g).to(dtype)
+    return x.view(-1)
+
+
+@pytest.mark.parametrize("name", ["topk", "dgc", "redsync"])
+@pytest.mark.parametrize("rows_touched", [100, 1000])
+@pytest.mark.parametrize("cf", [4, 40, 400])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_mostly_zero_gradients_keep_the_largest_entries(name, rows_touched, cf, dtype):
+    """Most entries zero, so a sampled threshold is 0 (the fast path over the nonzeros):
+    Top-k keeps exactly the k largest magnitudes; DGC and RedSync keep a count within
+    their bounds and never drop an entry larger than one they keep; when the nonzeros fit
+    in k every one of them is kept (zeros fill Top-k's rest)."""
+    x = _embedding_gradient(rows_touched, dtype=dtype)
+    n, nnz = x.numel(), int(torch.count_nonzero(x))
+    k = num_kept(n, cf)
+    comp = compressors.get(name)
+    idx = comp.select(x, k)
+    _check_indices(idx, n)
+    low, high = comp.count_bounds(k, n)
+    assert low <= idx.numel() <= high
+    mags = x.abs().float()
+    if name == "topk":
+        assert torch.equal(mags[idx].sort(descending=True).values, torch.topk(mags, k).values)
+    dropped = torch.ones(n, dtype=torch.bool)
+    dropped[idx] = False
+    assert float(mags[idx].min()) >= float(mags[dropped].max())
+    if k >= nnz:
+        assert int(torch.count_nonzero(x[idx])) == nnz
+
+
+def test_mostly_zero_gradient_second_level_equals_direct_topk():
+    """Multi-level over a mostly-zero layer: the second pass over the first level's values
+    (nonzeros plus zero padding) keeps the same magnitudes as a direct top-k at theta_c."""
+    comp = compressors.get("topk")
+    x = _embedding_gradient(300)
+    n = x.numel()
+    idx_min = comp.select(x, num_kept(n, 10))
+    sub = comp.select(x[idx_min], num_kept(n, 1000))
+    direct = torch.topk(x.abs(), num_kept(n, 1000)).values
+    assert torch.equal(x[idx_min][sub].abs().sort(descending=True).values, direct)

@@ -187,3 +187,81 @@ def test_actual_cf_is_what_was_sent(compressor):
     _set_grads(named, [torch.ones(p.numel()) for _, p in named])
     dense.step()
     assert dense.last_stats.cf_actual == 1.0
+
+
+class _SlowComm(LocalComm):
+    """Each collective's wait takes ``delay`` seconds, as if the peer were late."""
+
+    def __init__(self, delay):
+        super().__init__()
+        self.delay = delay
+
+    def _late(self, handle):
+        delay = self.delay
+
+        class Late:
+            def wait(self):
+                time.sleep(delay)
+                return handle.wait()
+        return Late()
+
+    def allreduce_async(self, tensor, op, name):
+        return self._late(super().allreduce_async(tensor, op, name))
+
+    def allgather_bytes_async(self, buffer, name):
+        return self._late(super().allgather_bytes_async(buffer, name))
+
+
+@pytest.mark.parametrize("controller", ["static", "gravac"])
+def test_phases_split_local_work_from_waits(controller):
+    """Issue 17: t_compress is local work only, t_comm the waits in the collectives; each
+    phase gets its own time. A slow selection shows in t_select alone, late collectives
+    in the NaN-flag, gains and exchange waits alone."""
+    from gravac.engine.phases import LOCAL_PHASES, WAIT_PHASES
+
+    select_delay, comm_delay = 0.02, 0.2
+    named = _params(4096, 4096)
+    ctrl = Static(cf=10) if controller == "static" else GraVAC(
+        theta_min=10, theta_max=1000, window=100, alpha=1.0, epsilon=0.01)
+    opt = wrap_optimizer(torch.optim.SGD([p for _, p in named], lr=0.0), named,
+                         _SlowComm(comm_delay), compressor=_SlowTopK(select_delay),
+                         controller=ctrl)
+    g = torch.Generator().manual_seed(5)
+    _set_grads(named, [torch.randn(4096, generator=g) for _ in named])
+    opt.step()
+    s = opt.last_stats
+    levels = 1 if controller == "static" else 2
+    assert s.t_select >= 2 * levels * select_delay
+    assert s.t_wait_check >= comm_delay and s.t_wait_exchange >= comm_delay
+    if controller == "gravac":
+        assert s.t_wait_gains >= comm_delay
+    else:
+        assert s.t_wait_gains == 0.0 and s.t_norms == 0.0
+    for phase in LOCAL_PHASES + WAIT_PHASES:
+        assert getattr(s, phase) >= 0.0
+    assert s.t_compress == pytest.approx(sum(getattr(s, p) for p in LOCAL_PHASES))
+    assert s.t_comm == pytest.approx(sum(getattr(s, p) for p in WAIT_PHASES))
+    # A wait charged to a local phase (or a selection to a wait) would put a whole
+    # delay there.
+    for phase in LOCAL_PHASES:
+        if phase != "t_select":
+            assert getattr(s, phase) < comm_delay, phase
+    for phase in WAIT_PHASES:
+        assert getattr(s, phase) < 2 * comm_delay, phase
+
+
+def test_nonfinite_check_is_exact_where_a_sum_overflows():
+    """The NaN/Inf check sums in float32 and looks entry by entry only when a sum is not
+    finite: finite values whose sum overflows are not a skip; a NaN or Inf is."""
+    from gravac.engine.step import _has_nonfinite
+
+    big = torch.full((1000,), 3e38)
+    assert not torch.isfinite(big.sum())
+    assert not _has_nonfinite([big, torch.ones(3)])
+    assert not _has_nonfinite([torch.full((100,), 60000.0, dtype=torch.float16)])
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
+            t = torch.ones(50, dtype=dtype)
+            t[17] = bad
+            assert _has_nonfinite([torch.zeros(4), t])
+    assert not _has_nonfinite([])

@@ -1,0 +1,134 @@
+"""Where a compressed step's time goes: the engine's phases for a workload and a method.
+
+Trains the workload of benchmarks/end_to_end.py (same configs, seed and data) with each
+method for --steps steps on 2 ranks inside hvd_scripts/bandwidth_sandbox.sh (or on the
+host's loopback with --rate none), then prints, per method, the median over the steps
+after --warmup of every phase the step record holds (gravac/engine/phases.py):
+
+    compute | local work: control, NaN check, error feedback, selection, norms, residual,
+    pack, unpack | waits: NaN flag, gains, exchange | update | step (t_iter)
+
+and the step's floor: t_compute + (bytes this rank sent) / link rate, with the ratio of
+the step to it (issue 17's target: <= 1.5 at a static 40x on the LSTM at 1 Gbit/s).
+
+    sudo .venv/bin/python benchmarks/step_profile.py [--workload lstm]
+        [--methods static_topk_40x gravac_recommended] [--rate 1gbit] [--steps 100]
+        [--backend horovod] [--out runs/benchmarks/step_profile]
+
+Methods are end_to_end.py's (its METHODS table). The timings are rank 0's; both ranks
+run the same phases. Run it on a quiet machine: on 2 cores a second job slows every
+memory-bound phase. Writes profile.md and profile.json under --out.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from end_to_end import BACKENDS, METHODS, REPO, WORKLOADS, run_one  # noqa: E402
+
+sys.path.insert(0, str(REPO))
+from gravac.engine.phases import LOCAL_PHASES, WAIT_PHASES  # noqa: E402
+
+_RATE = re.compile(r"^(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit)$")
+_SCALE = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
+
+
+def bits_per_second(rate: str) -> float | None:
+    """``1gbit`` -> 1e9; ``none`` -> None (no link limit)."""
+    if rate == "none":
+        return None
+    m = _RATE.match(rate)
+    if not m:
+        raise SystemExit(f"step_profile.py: --rate {rate!r} not understood; use e.g. 100mbit, "
+                         "1gbit, 10gbit or none")
+    return float(m.group(1)) * _SCALE[m.group(2)]
+
+
+def profile(steps: list[dict], warmup: int, rate_bps: float | None, np_: int = 2) -> dict:
+    """Median milliseconds of each phase over the steps after ``warmup``; the floor
+    (compute + link time) for 2 ranks on a rate-limited link."""
+    rows = [s for s in steps if s["step"] >= warmup and s.get("t_iter") is not None
+            and s.get("sent") != "skipped"]
+    if not rows:
+        raise SystemExit(f"step_profile.py: no timed steps after step {warmup}; raise --steps")
+
+    def median_ms(name):
+        values = [r[name] for r in rows if r.get(name) is not None]
+        return 1000 * statistics.median(values) if values else None
+
+    out = {name: median_ms(name) for name in ("t_compute", *LOCAL_PHASES, "t_compress",
+                                              *WAIT_PHASES, "t_comm", "t_update", "t_iter")}
+    out["bytes_sent"] = statistics.median(r.get("bytes_sent") or 0 for r in rows)
+    out["steps"] = len(rows)
+    out["cf"] = statistics.median(r["cf"] for r in rows)
+    if rate_bps and out["t_compute"] is not None and np_ == 2:
+        # The link is shared by both directions (bandwidth_sandbox.sh): with 2 ranks each
+        # sends its bytes once, so the wire carries 2x a rank's bytes.
+        link_ms = 1000 * 8 * 2 * out["bytes_sent"] / rate_bps
+        out["link_ms"] = link_ms
+        out["floor_ms"] = out["t_compute"] + link_ms
+        out["step_over_floor"] = out["t_iter"] / out["floor_ms"]
+    return out
+
+
+def table(results: dict[str, dict], title: str) -> str:
+    columns = [("compute", "t_compute")] + [(p[2:], p) for p in LOCAL_PHASES] + \
+              [("= local", "t_compress")] + [(p[2:], p) for p in WAIT_PHASES] + \
+              [("= waits", "t_comm"), ("update", "t_update"), ("step", "t_iter")]
+    lines = [f"### {title} (ms, medians)", "",
+             "| method | CF | " + " | ".join(c for c, _ in columns) +
+             " | MB sent | floor | step / floor |",
+             "|---|---:|" + "---:|" * (len(columns) + 3)]
+    for name, r in results.items():
+        cells = ["—" if r.get(key) is None else f"{r[key]:.1f}" for _, key in columns]
+        floor = f"{r['floor_ms']:.1f}" if r.get("floor_ms") else "—"
+        ratio = f"{r['step_over_floor']:.2f}" if r.get("step_over_floor") else "—"
+        lines.append(f"| {name} | {r['cf']:g} | " + " | ".join(cells) +
+                     f" | {r['bytes_sent'] / 1e6:.2f} | {floor} | {ratio} |")
+    lines += ["", "floor = compute + 2 x (bytes a rank sent) / link rate (both ranks' "
+              "traffic shares the sandbox's one link)."]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workload", choices=list(WORKLOADS), default="lstm")
+    parser.add_argument("--methods", nargs="+", default=["static_topk_40x", "gravac_recommended"],
+                        choices=list(METHODS))
+    parser.add_argument("--rate", default="1gbit",
+                        help="sandbox link rate (100mbit, 1gbit, 10gbit), or none for the "
+                             "host's loopback (no root needed)")
+    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--warmup", type=int, default=20, help="steps left out of the medians")
+    parser.add_argument("--np", type=int, default=2)
+    parser.add_argument("--backend", default="horovod", choices=BACKENDS)
+    parser.add_argument("--out", type=Path, default=REPO / "runs/benchmarks/step_profile")
+    parser.add_argument("--set", dest="extra", action="append", default=[],
+                        help="extra config override for every run (key=value)")
+    args = parser.parse_args()
+    if args.steps <= args.warmup:
+        parser.error(f"--steps ({args.steps}) must exceed --warmup ({args.warmup})")
+    rate_bps = bits_per_second(args.rate)
+    results = {}
+    for method in args.methods:
+        run_dir = run_one(method, args.rate, args.steps, args.out, args.np, args.extra,
+                          args.workload, args.backend, sandbox=rate_bps is not None)
+        records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        results[method] = profile([r for r in records if r["kind"] == "step"], args.warmup,
+                                  rate_bps, args.np)
+    text = table(results, f"{args.workload}, {args.np} ranks, {args.backend}, link {args.rate}, "
+                          f"steps {args.warmup}-{args.steps}")
+    print(text)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "profile.md").write_text(text + "\n")
+    (args.out / "profile.json").write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
