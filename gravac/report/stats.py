@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from ..engine.phases import LOCAL_PHASES, WAIT_PHASES
 from .load import Run
 
 # What the trainer reports as gained by each kind of send: "gain" of a dense send is 1.
@@ -224,3 +225,24 @@ def compression_throughput(run: Run) -> dict[float, float]:
         gain = rec.get(_GAIN_FIELD.get(rec.get("sent"), ""))
         groups.setdefault(cf, []).append(rate * (1.0 if gain is None else gain))
     return {cf: float(np.mean(groups[cf])) for cf in sorted(groups)}
+
+
+#: The columns of the report's step-time table: (heading, step field), in step order.
+TIME_COLUMNS = (("compute", "t_compute"), *((p[2:], p) for p in LOCAL_PHASES),
+                ("= local", "t_compress"), *((p[2:], p) for p in WAIT_PHASES),
+                ("= waits", "t_comm"), ("update", "t_update"), ("step", "t_iter"))
+
+
+def time_breakdown(run: Run, skip: int = 10) -> dict[str, float] | None:
+    """Median seconds of each ``TIME_COLUMNS`` field over the run's steps after the first
+    ``skip`` (start-up); None for runs that logged no phases (dense baselines, older
+    trainers). Medians, not means: one slow step (a checkpoint, a peer's hiccup) would
+    otherwise show as a phase's cost."""
+    steps = [s for s in run.steps if s["step"] > skip and s.get("sent") != "skipped"]
+    if not any(s.get("t_select") is not None for s in steps):
+        return None
+    out = {}
+    for _, key in TIME_COLUMNS:
+        values = [s[key] for s in steps if s.get(key) is not None]
+        out[key] = float(np.median(values)) if values else None
+    return out

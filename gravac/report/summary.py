@@ -14,7 +14,7 @@ from typing import Sequence
 
 from .load import Run
 from .plots import PLOTS, metric_title
-from .stats import RunSummary
+from .stats import TIME_COLUMNS, RunSummary, time_breakdown
 
 DASH = "—"  # a value the run did not log
 
@@ -81,6 +81,25 @@ def decisions_section(run: Run) -> list[str]:
                           rows) + [""]
 
 
+def time_section(runs: Sequence[Run]) -> list[str]:
+    """Markdown lines: where each run's step time goes (median ms per phase), or nothing
+    when no run logged phases."""
+    rows = []
+    for run in runs:
+        times = time_breakdown(run)
+        if times is not None:
+            rows.append([_cell(run.label)] + [_num(None if times[key] is None else 1000 * times[key],
+                                                   ".1f") for _, key in TIME_COLUMNS])
+    if not rows:
+        return []
+    return (["## Where the step time goes", "",
+             "Median milliseconds per step after the first 10 steps. Local work (its sum is "
+             "t_compress) and waits in the collectives (the NaN/Inf flag, the gains, the "
+             "exchange; their sum is t_comm) are timed apart: a wait includes the peers' "
+             "lateness. Phases are defined in gravac/engine/phases.py.", ""]
+            + _table(["Run"] + [heading for heading, _ in TIME_COLUMNS], rows) + [""])
+
+
 def window_end_step(record: dict) -> int:
     """Steps done when the window ended, counted like step and eval records (from 1).
     Records without a "window" number come from trainers that logged the controller's
@@ -113,6 +132,7 @@ def render_markdown(runs: Sequence[Run], rows: Sequence[RunSummary], baseline: R
         lines += ["## GraVAC decisions", ""]
         for run in gravac_runs:
             lines += decisions_section(run)
+    lines += time_section(runs)
     lines += ["## Plots", ""]
     captions = {name: caption for name, (_, caption) in PLOTS.items()}
     for image in images:

@@ -60,6 +60,9 @@ class RunConfig:
     progress: str = "auto"
     overwrite: bool = False
     threads: int | None = None
+    # Keep freed memory for reuse instead of returning it to the kernel each step (glibc
+    # mallopt; gravac/util/malloc.py): fresh pages cost page faults in every step.
+    keep_freed_memory: bool = True
     report: bool = True
     # Seconds without a finished training step before a rank gives up (a peer hangs); 0: off.
     stall_timeout: float = 60.0

@@ -28,6 +28,7 @@ from ..comm import Comm
 from ..comm import init as init_comm
 from ..engine import STATE_KEY, StepStats, broadcast_optimizer_state, wrap_optimizer
 from ..engine.record import LOGGED_STATS
+from ..util.malloc import keep_freed_memory
 from ..util.atomic import atomic_write_text
 from .checkpoint import has_checkpoint, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from .config import Config, ConfigError, build_controller, dump_yaml, to_dict
@@ -169,6 +170,8 @@ class Trainer:
     def __init__(self, cfg: Config, comm: Comm, elastic: bool = False):
         self.cfg, self.comm = cfg, comm
         self.rank, self.world = comm.rank, comm.size
+        if cfg.run.keep_freed_memory:
+            keep_freed_memory()
         torch.set_num_threads(cfg.run.threads or max(1, (os.cpu_count() or 1) // comm.local_size))
         torch.manual_seed(cfg.run.seed)
         random.seed(cfg.run.seed)

@@ -21,7 +21,8 @@ MAY_CHANGE = (
     "run.eval_interval", "run.eval_batches",             # evaluation
     "run.checkpoint_interval", "run.keep_checkpoints",   # checkpoints
     "run.log_interval", "run.progress", "run.report",    # logging
-    "run.overwrite", "run.threads", "run.stall_timeout", "run.stop_check_interval",
+    "run.overwrite", "run.threads", "run.keep_freed_memory",    # how the process runs
+    "run.stall_timeout", "run.stop_check_interval",
     "run.elastic_commit_interval", "run.backend",        # the transport: same math
     "run.resume_allow_changes",
     "data.root",                                         # the same data, moved

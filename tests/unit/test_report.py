@@ -308,3 +308,35 @@ def test_loss_plot_uses_a_log_scale(tmp_path):
     assert fig.axes[0].get_yscale() == "log"
     fig = plot_loss([run], "time")
     assert fig.axes[0].get_yscale() == "log"
+
+
+def test_time_breakdown_is_the_median_of_each_phase(tmp_path):
+    """Issue 17: the report's "Where the step time goes" table, medians per phase after
+    the first 10 steps; runs without phases (dense baselines) get no row."""
+    from gravac.engine.phases import LOCAL_PHASES, WAIT_PHASES
+    from gravac.report.stats import time_breakdown
+
+    records = [start("profiled", "static")]
+    for k in range(1, 31):
+        rec = step(k, 0.1 * k, 40.0, "min", 25.0 * k, 1000.0 * k)
+        # Step k spends k ms selecting and 2 ms waiting for the exchange; steps 1-10 are
+        # start-up and left out, so the median of steps 11..30 is 20.5 ms.
+        rec.update({p: 0.0 for p in LOCAL_PHASES + WAIT_PHASES})
+        rec.update(t_select=k / 1000, t_wait_exchange=0.002, t_compress=k / 1000,
+                   t_comm=0.002, t_update=0.001)
+        records.append(rec)
+    run = load_run(write_run(tmp_path / "profiled", records))
+    times = time_breakdown(run)
+    assert times["t_select"] == pytest.approx(0.0205)
+    assert times["t_wait_exchange"] == pytest.approx(0.002)
+    assert times["t_update"] == pytest.approx(0.001)
+    dense = load_run(dense_run(tmp_path / "dense"))
+    assert time_breakdown(dense) is None
+    report = tmp_path / "report"
+    build_report([tmp_path / "profiled", tmp_path / "dense"], report)
+    text = (report / "report.md").read_text()
+    assert "## Where the step time goes" in text
+    section = text.split("## Where the step time goes")[1].split("\n## ")[0].splitlines()
+    row = next(line for line in section if line.startswith("| profiled |"))
+    assert "| 20.5 |" in row and "| 2.0 |" in row
+    assert not any(line.startswith("| resnet-dense |") for line in section)
