@@ -43,8 +43,12 @@ def detect_backend(environ: Mapping[str, str] | None = None) -> str:
     return "horovod" if importlib.util.find_spec("horovod") is not None else "local"
 
 
-def init(backend: str = "auto") -> Comm:
-    """Start ``backend`` (see the module docstring) and return the world's ``Comm``."""
+def init(backend: str = "auto", horovod_cycle_time_ms="auto") -> Comm:
+    """Start ``backend`` (see the module docstring) and return the world's ``Comm``.
+
+    ``horovod_cycle_time_ms``: Horovod's background cycle (``horovod_cycle.py``): "auto"
+    lengthens it on hosts with fewer than two cores per rank, a number sets it, "horovod"
+    leaves it alone."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     if backend == "auto":
@@ -55,6 +59,8 @@ def init(backend: str = "auto") -> Comm:
         import horovod.torch as hvd
 
         from .horovod import HorovodComm
+        from .horovod_cycle import apply_cycle_time
+        apply_cycle_time(horovod_cycle_time_ms)   # read by hvd.init()
         hvd.init()
         return HorovodComm()
     import torch

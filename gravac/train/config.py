@@ -28,6 +28,8 @@ from typing import Any
 
 import yaml
 
+from ..comm.horovod_cycle import PROBLEM as CYCLE_PROBLEM
+from ..comm.horovod_cycle import check_setting as check_cycle_setting
 from ..controllers import Accordion, GraVAC, Static
 
 CONTROLLERS = ("dense", "static", "gravac", "accordion")
@@ -63,6 +65,10 @@ class RunConfig:
     # Keep freed memory for reuse instead of returning it to the kernel each step (glibc
     # mallopt; gravac/util/malloc.py): fresh pages cost page faults in every step.
     keep_freed_memory: bool = True
+    # Horovod's background cycle in ms (gravac/comm/horovod_cycle.py): "auto" makes it 5 ms
+    # where a host's ranks cannot each have 2 cores (the 1 ms default then steals CPU from
+    # compute: docs/BENCHMARKS.md §4), a number sets it, "horovod" leaves Horovod's.
+    horovod_cycle_time_ms: float | str = "auto"
     report: bool = True
     # Seconds without a finished training step before a rank gives up (a peer hangs); 0: off.
     stall_timeout: float = 60.0
@@ -372,6 +378,11 @@ def validate(cfg: Config) -> None:
     _require(r.log_interval >= 1, "run.log_interval", r.log_interval, "must be >= 1")
     _require(r.progress in PROGRESS, "run.progress", r.progress, f"must be one of {', '.join(PROGRESS)}")
     _require(r.threads is None or r.threads >= 1, "run.threads", r.threads, "must be >= 1 or null")
+    try:
+        check_cycle_setting(r.horovod_cycle_time_ms)
+    except ValueError:
+        raise ConfigError(f"run.horovod_cycle_time_ms={r.horovod_cycle_time_ms!r}: "
+                          f"{CYCLE_PROBLEM}") from None
     _require(r.stall_timeout >= 0, "run.stall_timeout", r.stall_timeout,
              "must be >= 0 seconds (0 turns the stall watchdog off)")
     _require(r.stop_check_interval >= 1, "run.stop_check_interval", r.stop_check_interval,

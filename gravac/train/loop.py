@@ -159,7 +159,7 @@ class Trainer:
 
     Example::
 
-        comm = gravac.comm.init(cfg.run.backend)
+        comm = gravac.comm.init(cfg.run.backend, cfg.run.horovod_cycle_time_ms)
         trainer = Trainer(cfg, comm)
         trainer.start(resume=False)
         trainer.open_log()
@@ -226,7 +226,10 @@ class Trainer:
         else:
             lines.append(f"dense Horovod allreduce (compression "
                          f"{cfg.compression.horovod_compression})")
-        lines.append(f"transport {self.comm.backend}: {self.world} rank(s)")
+        line = f"transport {self.comm.backend}: {self.world} rank(s)"
+        if self.comm.backend == "horovod":
+            line += f"; Horovod cycle {os.environ.get('HOROVOD_CYCLE_TIME', '1')} ms"
+        lines.append(line)
         return "\n".join(lines)
 
     def elapsed(self) -> float:
@@ -502,7 +505,7 @@ class Trainer:
 
 def train(cfg: Config, resume: bool = False, dry_run: bool = False) -> dict:
     """Run (or with ``dry_run``, only build and describe) the configured training."""
-    comm = init_comm(cfg.run.backend)
+    comm = init_comm(cfg.run.backend, cfg.run.horovod_cycle_time_ms)
     trainer = Trainer(cfg, comm, elastic=cfg.run.elastic)
     if dry_run:
         if trainer.rank == 0:

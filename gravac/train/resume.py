@@ -22,6 +22,7 @@ MAY_CHANGE = (
     "run.checkpoint_interval", "run.keep_checkpoints",   # checkpoints
     "run.log_interval", "run.progress", "run.report",    # logging
     "run.overwrite", "run.threads", "run.keep_freed_memory",    # how the process runs
+    "run.horovod_cycle_time_ms",
     "run.stall_timeout", "run.stop_check_interval",
     "run.elastic_commit_interval", "run.backend",        # the transport: same math
     "run.resume_allow_changes",
