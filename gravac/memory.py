@@ -1,16 +1,23 @@
 """Error-feedback (residual) memory: what a rank did not send, added to its next gradient.
 
-One residual per parameter name, local to the rank, starting at zero. The memory keeps
-its residual in a buffer of its own and ``compensate`` writes g_ef into that buffer, so
-a step allocates nothing: ``update`` then subtracts what was sent in place.
+One residual per parameter name, local to the rank, starting at zero. Each name has two
+buffers of its own: the residual and a spare. ``compensate`` writes g_ef into the spare
+and ``update`` turns the spare into the new residual (what was sent subtracted in place),
+so a step allocates nothing and the old residual survives the step: ``rollback_step()``
+puts back every residual the step changed. The engine relies on that to agree on NaN/Inf
+gradients together with data it sends anyway (the gains allreduce, the exchange) instead
+of in a round of its own before error feedback. The price is a second buffer per
+compressed parameter (one model's worth of memory).
 
 Example::
 
     memory = ResidualMemory()
+    memory.begin_step()
     g_ef = memory.compensate("fc.weight", grad)          # grad + residual (1-D)
     idx = compressor.select(g_ef, k)
     memory.update("fc.weight", g_ef, SparseSent(idx, g_ef[idx]))
     memory["fc.weight"]                                    # residual, shaped like grad
+    memory.rollback_step()       # e.g. another rank had a NaN: residuals as before the step
 """
 from __future__ import annotations
 
@@ -30,16 +37,20 @@ class ResidualMemory:
     """Per-parameter residuals with ``compensate``/``update`` and a state dict.
 
     ``compensate(name, grad)`` returns g_ef = grad + residual as a flat tensor that
-    aliases the memory's buffer: read it (compress, pack, take norms) before calling
+    aliases the memory's spare buffer: read it (compress, pack, take norms) before calling
     ``update(name, g_ef, sent)``, which leaves residual = g_ef − sent. ``sent`` is either a
     dense tensor with g_ef's number of elements, a ``SparseSent``, or ``None`` for "all of
-    g_ef was sent" (dense fallback: the residual becomes zero).
+    g_ef was sent" (dense fallback: the residual becomes zero). ``begin_step()`` and
+    ``rollback_step()`` bracket a step whose updates may have to be undone.
     """
 
     def __init__(self):
         self._buffers: dict[str, torch.Tensor] = {}
+        self._spares: dict[str, torch.Tensor] = {}
         self._shapes: dict[str, torch.Size] = {}
         self._zero: set[str] = set()     # residuals known to be all zeros
+        # name -> (the residual before this step's update, whether it was zero)
+        self._undo: dict[str, tuple[torch.Tensor, bool]] = {}
 
     @staticmethod
     def dtype_for(grad_dtype: torch.dtype) -> torch.dtype:
@@ -59,11 +70,17 @@ class ResidualMemory:
                              f"has {grad.numel()}; parameter shapes must not change during training")
         return buf
 
+    def _spare(self, name: str, buf: torch.Tensor) -> torch.Tensor:
+        spare = self._spares.get(name)
+        if spare is None:
+            spare = self._spares[name] = torch.empty_like(buf)
+        return spare
+
     def compensate(self, name: str, grad: torch.Tensor) -> torch.Tensor:
-        """g_ef = grad + residual, flat, written into (and aliasing) the residual buffer."""
+        """g_ef = grad + residual, flat, written into (and aliasing) the spare buffer; the
+        residual itself is unchanged until ``update``."""
         buf = self._buffer(name, grad)
-        self._zero.discard(name)
-        return buf.add_(grad.reshape(-1).to(buf.dtype))
+        return torch.add(buf, grad.reshape(-1).to(buf.dtype), out=self._spare(name, buf))
 
     def flush_into(self, name: str, grad: torch.Tensor) -> None:
         """For a layer sent dense as a whole: grad += residual in place, residual ← 0.
@@ -78,20 +95,41 @@ class ResidualMemory:
 
     def update(self, name: str, g_ef: torch.Tensor, sent) -> None:
         """residual ← g_ef − sent (see the class docstring for the forms of ``sent``)."""
-        buf = self._buffers.get(name)
-        if buf is None:
+        old = self._buffers.get(name)
+        if old is None:
             raise KeyError(f"update({name!r}) before compensate({name!r})")
-        if g_ef.data_ptr() != buf.data_ptr():
-            buf.copy_(g_ef.reshape(-1))
+        new = self._spare(name, old)
+        if g_ef.data_ptr() != new.data_ptr():
+            new.copy_(g_ef.reshape(-1))
         if sent is None:
-            buf.zero_()
-            self._zero.add(name)
-            return
-        self._zero.discard(name)
-        if isinstance(sent, SparseSent):
-            buf.index_add_(0, sent.indices, sent.values.to(buf.dtype), alpha=-1)
+            new.zero_()
+        elif isinstance(sent, SparseSent):
+            new.index_add_(0, sent.indices, sent.values.to(new.dtype), alpha=-1)
         else:
-            buf.sub_(sent.reshape(-1).to(buf.dtype))
+            new.sub_(sent.reshape(-1).to(new.dtype))
+        # The spare becomes the residual; the old residual is kept (as the next spare) so
+        # that rollback_step() can put it back.
+        self._undo.setdefault(name, (old, name in self._zero))
+        self._buffers[name], self._spares[name] = new, old
+        if sent is None:
+            self._zero.add(name)
+        else:
+            self._zero.discard(name)
+
+    def begin_step(self) -> None:
+        """Start a step: ``rollback_step`` will undo the updates from here on."""
+        self._undo.clear()
+
+    def rollback_step(self) -> None:
+        """Every residual updated since ``begin_step`` goes back to its value before (the
+        step is skipped on every rank, e.g. a NaN gradient on one of them)."""
+        for name, (old, was_zero) in self._undo.items():
+            self._buffers[name], self._spares[name] = old, self._buffers[name]
+            if was_zero:
+                self._zero.add(name)
+            else:
+                self._zero.discard(name)
+        self._undo.clear()
 
     def __getitem__(self, name: str) -> torch.Tensor:
         """The residual of ``name`` (a view: read it, do not write it; use
@@ -112,6 +150,7 @@ class ResidualMemory:
         for buf in self._buffers.values():
             buf.zero_()
         self._zero = set(self._buffers)
+        self._undo.clear()
 
     def state_dict(self) -> dict:
         return {"residuals": {name: self[name].detach().clone() for name in self._buffers}}
@@ -137,8 +176,10 @@ class ResidualMemory:
                 raise ValueError(f"residual {name!r} in the state dict has shape {tuple(value.shape)}, "
                                  f"but this model's has {shape}")
         self._buffers.clear()
+        self._spares.clear()
         self._shapes.clear()
         self._zero.clear()
+        self._undo.clear()
         for name, value in state["residuals"].items():
             value = value.detach()
             target = like.get(name)
@@ -150,4 +191,6 @@ class ResidualMemory:
     def to(self, device) -> "ResidualMemory":
         for name, buf in self._buffers.items():
             self._buffers[name] = buf.to(device)
+        self._spares.clear()          # made again, on the new device, when next needed
+        self._undo.clear()
         return self

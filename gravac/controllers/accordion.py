@@ -66,6 +66,7 @@ class Accordion(Controller):
         self.interval_steps = interval_steps
         self.eta = float(eta)
         self.wants_gradients = False
+        self.observes_gradients = True
         self._sync: Sync | None = None
         self._layers: list[str] = []
         self._acc: dict[str, torch.Tensor] = {}

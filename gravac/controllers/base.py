@@ -87,7 +87,11 @@ class Controller(ABC):
     """Base class of CF controllers."""
 
     #: the optimizer calls ``observe_gradients`` with each compressed layer's local gradient
+    #: (may differ per rank: Accordion wants them on rank 0 only)
     wants_gradients = False
+    #: whether ``wants_gradients`` may be true on any rank; the same on every rank, since
+    #: the engine then issues a NaN/Inf agreement of its own before the observation
+    observes_gradients = False
 
     def bind(self, layer_names: list[str], sync: Sync) -> None:
         """Called once by the optimizer with the compressed layers' names and its Sync."""

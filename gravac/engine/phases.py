@@ -16,7 +16,10 @@ local work (``LOCAL_PHASES``, their sum is ``t_compress``)
     t_unpack    summing every rank's values into the gradients (and fp16 copies back)
 
 waits in collectives (``WAIT_PHASES``, their sum is ``t_comm``)
-    t_wait_check     the NaN/Inf flag allreduce (absorbs the ranks' backward skew)
+    t_wait_check     the NaN/Inf flag allreduce when it runs in a round of its own
+                     (controllers that observe gradients: Accordion); otherwise the
+                     flags ride in the gains allreduce or beside the exchange, and
+                     their wait is in those phases
     t_wait_gains     the gains allreduce
     t_wait_exchange  the sparse allgather and the dense allreduces
 

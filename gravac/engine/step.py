@@ -1,12 +1,16 @@
 """The step engine: one step's pipeline, independent of the transport.
 
-plan -> NaN/Inf agreement -> error feedback -> select (both levels) -> agree gains ->
-decide -> pack -> exchange -> unpack -> step record. It talks to other ranks only through
+plan -> NaN/Inf scan -> error feedback -> select (both levels) -> agree gains (and the
+NaN/Inf flags) -> decide -> pack -> exchange (flags beside it when no gains were agreed)
+-> unpack -> step record. It talks to other ranks only through
 a ``Comm`` and to the controller only through its contract (``plan``, ``decide``,
 ``end_step``), so the same engine runs on Horovod, torch.distributed or one process.
 
 Every collective it issues depends only on values every rank shares (the plan, agreed
 gains, agreed NaN flags), so every rank issues the same collectives in the same order.
+A step whose flags say some rank had a NaN/Inf is skipped on every rank, after the round
+that carried the flags: the residuals are rolled back (``ResidualMemory.rollback_step``)
+and nothing received is written into the gradients.
 
 Example::
 
@@ -107,13 +111,23 @@ class StepEngine:
         plan = self.controller.plan(step)
         clock.lap("t_control")
         self._densify_grads()
-        bad_ranks = self._nonfinite_ranks(clock)
-        if bad_ranks:
-            return self._skip(step, bad_ranks, clock, t_compute)
-        if self.controller.wants_gradients:
+        # NaN/Inf: each rank scans its gradients now, before error feedback; the ranks agree
+        # on the flags together with data they exchange anyway (the gains allreduce, or
+        # beside the step's exchange), so a step has no round of its own for it. Residuals
+        # are updated into spare buffers and rolled back if a rank had one. A controller
+        # that observes gradients (Accordion) must not see a skipped step's: it agrees first.
+        local_bad = _has_nonfinite([l.param.grad for l in self.layers])
+        clock.lap("t_check")
+        if self.controller.observes_gradients:   # the same on every rank
+            bad_ranks = self._agree_flags(local_bad, clock)
+            if bad_ranks:
+                return self._skip(step, bad_ranks, clock, t_compute)
+            local_bad = None                     # agreed
+        if self.controller.wants_gradients:      # may differ per rank: no collective here
             self.controller.observe_gradients(
                 {l.name: l.param.grad for l in self.layers if l.compressible})
             clock.lap("t_control")
+        self.memory.begin_step()
 
         dense = [l for l in self.layers if not l.compressible]
         selections: list[_Selection] = []
@@ -135,7 +149,12 @@ class StepEngine:
 
         gain_min = gain_c = None
         if plan.needs_gains:
-            gain_min, gain_c = self._agree_gains(selections, plan.gain_measure, clock)
+            gain_min, gain_c, bad_ranks = self._agree_gains(selections, plan.gain_measure, clock,
+                                                            local_bad)
+            if bad_ranks:
+                self.memory.rollback_step()
+                return self._skip(step, bad_ranks, clock, t_compute)
+            local_bad = None                     # agreed with the gains
             if not any(s.val_c is not None for s in selections):
                 gain_c = None
         sent = self.controller.decide(gain_min, gain_c) if selections else SENT_MIN
@@ -169,8 +188,18 @@ class StepEngine:
         packed = self.exchange.pack(payload)
         clock.lap("t_pack", sync=True)
         pending = self.exchange.start(packed, dense)
+        flags = None
+        if local_bad is not None:
+            # Started with the exchange: one more tiny allreduce in the same round.
+            flags = self.comm.allreduce_async(self._flags(local_bad), op="sum",
+                                              name=f"{self.prefix}.finite")
         pending.wait()
+        bad_ranks = _flagged(flags.wait()) if flags is not None else []
         clock.lap("t_wait_exchange", sync=True)
+        if bad_ranks:
+            # What arrived is discarded: gradients are not written, residuals go back.
+            self.memory.rollback_step()
+            return self._skip(step, bad_ranks, clock, t_compute)
         pending.unpack()
         clock.lap("t_unpack", sync=True)
 
@@ -243,11 +272,13 @@ class StepEngine:
         return sel
 
     def _agree_gains(self, selections: list[_Selection], measure: str = "energy",
-                     clock: PhaseClock | None = None):
+                     clock: PhaseClock | None = None, local_bad: bool | None = None):
         """Whole-model compression gains of both levels, summed over ranks with one tiny
-        allreduce. ``"energy"``: Σ‖g_min‖²/Σ‖g_ef‖² and Σ‖g_c‖²/Σ‖g_ef‖² (Algorithm 1);
-        ``"norm"``: Σ‖g_min‖/Σ‖g‖ and Σ‖g_c‖/Σ‖g‖, per-layer norms with the raw gradient g
-        (no residual) below, as in the authors' code (it may exceed 1)."""
+        allreduce: (gain_min, gain_c, ranks with a NaN/Inf gradient). ``"energy"``:
+        Σ‖g_min‖²/Σ‖g_ef‖² and Σ‖g_c‖²/Σ‖g_ef‖² (Algorithm 1); ``"norm"``: Σ‖g_min‖/Σ‖g‖
+        and Σ‖g_c‖/Σ‖g‖, per-layer norms with the raw gradient g (no residual) below, as
+        in the authors' code (it may exceed 1). ``local_bad`` (this rank's NaN/Inf flag,
+        None when already agreed) rides in the same allreduce."""
         if measure not in ("energy", "norm"):
             raise ValueError(f"gain measure must be 'energy' or 'norm', got {measure!r}")
         if selections:
@@ -262,29 +293,34 @@ class StepEngine:
             sums = torch.stack(rows).double().sum(0).cpu()
         else:
             sums = torch.zeros(3, dtype=torch.float64)
+        if local_bad is not None:
+            sums = torch.cat([sums, self._flags(local_bad)])
         if clock is not None:
             clock.lap("t_norms", sync=True)
         sums = self.comm.allreduce(sums, op="sum", name=f"{self.prefix}.gains")
         if clock is not None:
             clock.lap("t_wait_gains", sync=True)
+        bad_ranks = _flagged(sums[3:]) if local_bad is not None else []
         total = float(sums[2])
-        if total <= 0.0:
-            return 1.0, 1.0
-        return float(sums[0]) / total, float(sums[1]) / total
+        if bad_ranks or total <= 0.0:
+            return 1.0, 1.0, bad_ranks
+        return float(sums[0]) / total, float(sums[1]) / total, bad_ranks
 
-    def _nonfinite_ranks(self, clock: PhaseClock) -> list[int]:
-        """Ranks whose gradient has a NaN or Inf this step, agreed by one tiny allreduce.
-
-        Checked before error feedback touches the residuals, so a skipped step leaves them
-        as they were.
-        """
+    def _flags(self, local_bad: bool) -> torch.Tensor:
+        """One entry per rank, 1 at this rank's if its gradient has a NaN or Inf: summed
+        over ranks, the entries name the ranks that had one."""
         flags = torch.zeros(self.comm.size, dtype=torch.float64)
-        if _has_nonfinite([l.param.grad for l in self.layers]):
+        if local_bad:
             flags[self.comm.rank] = 1.0
+        return flags
+
+    def _agree_flags(self, local_bad: bool, clock: PhaseClock) -> list[int]:
+        """Ranks whose gradient has a NaN or Inf this step, agreed by one tiny allreduce
+        of their own (before anything else of the step)."""
         clock.lap("t_check", sync=True)
-        flags = self.comm.allreduce(flags, op="sum", name=f"{self.prefix}.finite")
+        flags = self.comm.allreduce(self._flags(local_bad), op="sum", name=f"{self.prefix}.finite")
         clock.lap("t_wait_check", sync=True)
-        return [r for r, f in enumerate(flags.tolist()) if f > 0]
+        return _flagged(flags)
 
     def _skip(self, step: int, bad_ranks: list[int], clock: PhaseClock, t_compute) -> StepStats:
         self._consecutive_skips += 1
@@ -327,6 +363,10 @@ def _has_nonfinite(grads: list[torch.Tensor]) -> bool:
     if bool(torch.isfinite(sums).all()):
         return False
     return any(not bool(torch.isfinite(g).all()) for g in grads)
+
+
+def _flagged(flags: torch.Tensor) -> list[int]:
+    return [r for r, f in enumerate(flags.tolist()) if f > 0]
 
 
 def _sq_norm(t: torch.Tensor) -> torch.Tensor:

@@ -4,7 +4,7 @@ import torch
 import torch.nn.functional as F
 
 import gravac
-from gravac.controllers import GraVAC, Static
+from gravac.controllers import Accordion, GraVAC, Static
 
 from helpers import barrier, distributed_optimizer, gather_rows, make_net, rank_batch
 
@@ -26,8 +26,11 @@ def _run(opt, model, rank, steps, poison):
     return snapshots
 
 
-@pytest.mark.parametrize("controller", [Static(cf=10), GraVAC(window=4, alpha=1.0)],
-                         ids=["static", "gravac"])
+# The flags travel three ways (gravac/engine/step.py): beside the exchange (Static), in
+# the gains allreduce (GraVAC), in a round of their own first (Accordion observes gradients).
+@pytest.mark.parametrize("controller", [Static(cf=10), GraVAC(window=4, alpha=1.0),
+                                        Accordion(low_cf=10, high_cf=100, interval_steps=3)],
+                         ids=["static", "gravac", "accordion"])
 def test_nan_on_one_rank_skips_the_step_everywhere_without_poisoning_residuals(controller, rank):
     model = make_net()
     opt = distributed_optimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),

@@ -87,7 +87,8 @@ def test_loaded_residuals_follow_their_parameters_device_and_dtype():
     # A checkpoint read with map_location="cpu" must resume on the parameter's device (a GPU
     # in production; the meta device stands in for it here) and precision.
     saved = ResidualMemory()
-    saved.compensate("w", torch.arange(6, dtype=torch.float32))
+    g_ef = saved.compensate("w", torch.arange(6, dtype=torch.float32))
+    saved.update("w", g_ef, torch.zeros(6))             # nothing sent: residual = g_ef
     state = saved.state_dict()
     on_meta = ResidualMemory()
     on_meta.load_state_dict(state, like={"w": torch.empty(2, 3, device="meta")})
@@ -101,3 +102,36 @@ def test_loaded_residuals_follow_their_parameters_device_and_dtype():
     assert halved["w"].dtype == torch.float32           # fp16/bf16 residuals stay fp32
     with pytest.raises(ValueError, match="shape"):
         ResidualMemory().load_state_dict(state, like={"w": torch.zeros(7)})
+
+
+def test_rollback_step_restores_every_residual_the_step_changed():
+    memory = ResidualMemory()
+    memory.begin_step()
+    g_ef = memory.compensate("a", torch.tensor([1.0, -2.0, 3.0]))
+    memory.update("a", g_ef, SparseSent(torch.tensor([2]), torch.tensor([3.0])))
+    memory.flush_into("b", torch.ones(2))               # created as zeros
+    before = {"a": memory["a"].clone(), "b": memory["b"].clone()}
+    assert torch.equal(before["a"], torch.tensor([1.0, -2.0, 0.0]))
+    # A step that changes both residuals, then is skipped on every rank.
+    memory.begin_step()
+    g_ef = memory.compensate("a", torch.tensor([10.0, 10.0, 10.0]))
+    assert torch.equal(memory["a"], before["a"])        # compensate leaves the residual alone
+    memory.update("a", g_ef, None)
+    grad_b = torch.full((2,), 5.0)
+    g_ef_b = memory.compensate("b", grad_b)
+    memory.update("b", g_ef_b, SparseSent(torch.tensor([0]), g_ef_b[:1].clone()))
+    assert float(memory["a"].abs().sum()) == 0.0 and torch.equal(memory["b"], torch.tensor([0.0, 5.0]))
+    memory.rollback_step()
+    assert torch.equal(memory["a"], before["a"]) and torch.equal(memory["b"], before["b"])
+    # The zero flag came back too: flushing "b" (zero again) changes nothing.
+    grad = torch.full((2,), 7.0)
+    memory.flush_into("b", grad)
+    assert torch.equal(grad, torch.full((2,), 7.0))
+    # And the next step works on the restored residuals.
+    memory.begin_step()
+    g_ef = memory.compensate("a", torch.zeros(3))
+    assert torch.equal(g_ef, before["a"])
+    memory.update("a", g_ef, None)
+    memory.begin_step()
+    memory.rollback_step()                              # nothing since begin_step: no-op
+    assert float(memory["a"].abs().sum()) == 0.0
