@@ -227,6 +227,10 @@ def wrap_optimizer(optimizer, named_parameters, comm: Comm, compressor="topk", c
         raise ValueError(f"dense_wire must be one of {', '.join(DENSE_WIRE)}, got {dense_wire!r}")
     comp = _compressors.get(compressor, **(compressor_options or {}))
     ctrl = _make_controller(controller)
+    if ctrl.uses_ranks and not comp.is_lowrank:
+        raise ValueError(f"controller {ctrl!r} plans PowerSGD ranks, which only "
+                         f"compressor='powersgd' takes (got {comp.name!r}); sparsifiers take "
+                         "CFs, e.g. Static(cf=100)")
     cls = type(optimizer.__class__.__name__, (DistributedOptimizerMixin, optimizer.__class__), {})
     return cls(optimizer.param_groups, named_parameters, comp, ctrl, comm, min_compress_numel,
                batch_size, name_prefix, nonfinite, max_consecutive_skips, defer_agreement,

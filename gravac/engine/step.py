@@ -29,6 +29,7 @@ from ..memory import ResidualMemory, SparseSent
 from .agreement import check_agreement
 from .exchange import AllgatherExchange
 from .layers import Layer
+from .lowrank import LowRankStep
 from .phases import PhaseClock
 from .record import SENT_SKIPPED, StepStats
 
@@ -66,6 +67,8 @@ class StepEngine:
         self.nonfinite, self.max_consecutive_skips = nonfinite, max_consecutive_skips
         self.exchange = AllgatherExchange(comm, prefix, dense_wire)
         self.memory = ResidualMemory()
+        # Low-rank compressors (PowerSGD) send factors by allreduce: gravac/engine/lowrank.py.
+        self.lowrank = LowRankStep(self) if compressor.is_lowrank else None
         self.skipped_steps: list[dict] = []
         self._consecutive_skips = 0
         # CUDA kernels run asynchronously: time phases only after the device has finished.
@@ -114,6 +117,8 @@ class StepEngine:
             self.controller.observe_gradients(
                 {l.name: l.param.grad for l in self.layers if l.compressible})
             clock.lap("t_control")
+        if self.lowrank is not None:
+            return self.lowrank.synchronize(plan, step, clock, t_compute)
 
         dense = [l for l in self.layers if not l.compressible]
         selections: list[_Selection] = []
