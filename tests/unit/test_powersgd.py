@@ -269,8 +269,9 @@ def test_a_cf_plans_a_rank_per_layer():
     assert opt.last_stats.floats_sent == (96 + 64) * r0 + (10 + 96) * r2 + 96 + 10
 
 
-def test_half_precision_gradients_are_compressed_in_float32():
-    model = _model(dtype=torch.float16)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_gradients_are_compressed_in_float32(dtype):
+    model = _model(dtype=dtype)
     opt = _opt(model, Static(rank=2))
     w = model[0].weight
     q = PowerSGD().warm_start("0.weight", 64, 2, like=torch.zeros(1)).clone()
@@ -278,9 +279,9 @@ def test_half_precision_gradients_are_compressed_in_float32():
     g = w.grad.float()
     opt.step()
     assert opt.memory["0.weight"].dtype == torch.float32
-    assert w.grad.dtype == torch.float16 and torch.isfinite(w.grad).all()
+    assert w.grad.dtype == dtype and torch.isfinite(w.grad).all()
     m_hat = _reference(g, q)
-    assert torch.allclose(w.grad.float(), m_hat.half().float(), atol=1e-3)
+    assert torch.allclose(w.grad.float(), m_hat.to(dtype).float(), atol=1e-3)
     assert torch.allclose(opt.memory["0.weight"], g - m_hat, atol=1e-4)
     assert opt.last_stats.bytes_sent == 4 * ((96 + 64) * 2 + (10 + 96) * 2) + 2 * (96 + 10)
 
