@@ -9,13 +9,13 @@ first intervals, until the first comparison, are critical. Decisions are broadca
 rank 0 at every interval end, so every rank uses rank 0's per-layer CFs.
 
 When the learning rate of any param group goes down, every layer goes to the low CF
-until the next comparison.
+until the next comparison. The optimizer detects the decay from the param groups, which
+all ranks share (``hvd.broadcast_optimizer_state`` and the same schedule).
 
 With PowerSGD the published Accordion switches ranks (rank 4 or 2 critical, rank 1
 otherwise): ``low_rank``/``high_rank`` give them, and the plans then carry per-layer ranks
 (``StepPlan.layer_rank``) instead of CFs. Ranks, not CFs, because one CF is a different
-rank on every layer shape, and a rank is what the paper (and DDP's PowerSGD hook) states. The optimizer detects the decay from the param groups, which
-all ranks share (``hvd.broadcast_optimizer_state`` and the same schedule).
+rank on every layer shape, and a rank is what the paper (and DDP's PowerSGD hook) states.
 """
 from __future__ import annotations
 
