@@ -193,6 +193,28 @@ def test_gravac_over_powersgd_equals_reference_and_decides_alike_on_every_rank(r
         assert torch.equal(rows[0], rows[1]), f"{n} differs across ranks"
 
 
+def test_reset_world_gives_every_rank_rank_0s_warm_start(rank):
+    """An elastic reset: a joining process has no Q; after reset_world every rank has rank
+    0's and the next steps match across ranks."""
+    model = make_net()
+    opt = distributed_optimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                model.named_parameters(), compressor="powersgd",
+                                controller=Static(rank=2))
+    _train_steps(model, opt, range(3), rank)
+    if rank == 1:
+        opt.compressor.reset()                     # as a process that just joined
+    opt.reset_world(COMM)
+    q = COMM.allgather_object(opt.compressor.state_dict()["q"], name="test.psgd.reset.q")
+    _train_steps(model, opt, range(3, 5), rank)
+    weights = {n: gather_rows(p.detach(), f"test.psgd.reset.w.{n}")
+               for n, p in model.named_parameters()}
+    barrier("test.psgd.reset")
+    assert q[0].keys() == q[1].keys() == set(COMPRESSED)
+    assert all(torch.equal(q[0][n], q[1][n]) for n in COMPRESSED)
+    for n, rows in weights.items():
+        assert torch.equal(rows[0], rows[1]), n
+
+
 def _train_steps(model, opt, steps, rank):
     for step in steps:
         opt.zero_grad()
