@@ -419,3 +419,19 @@ def test_powersgd_config_files_build_their_controllers():
     assert (ctrl.low_rank, ctrl.high_rank) == (4, 1) and ctrl.uses_ranks
     cfg = _load(files=("configs/demo.yaml", "configs/compression/static_powersgd_rank4.yaml"))
     assert build_controller(cfg.compression).rank == 4
+
+
+def test_a_non_finite_step_leaves_residuals_and_q_untouched():
+    model = _model()
+    opt = _opt(model, Static(rank=2))
+    _backward(model, 0)
+    opt.step()
+    memory = {n: opt.memory[n].clone() for n in opt.memory.names()}
+    q = {n: t.clone() for n, t in opt.compressor.state_dict()["q"].items()}
+    opt.zero_grad()
+    _backward(model, 1)
+    model[0].weight.grad[0, 0] = float("nan")
+    opt.step()
+    assert opt.last_stats.skipped
+    assert all(torch.equal(opt.memory[n], memory[n]) for n in memory)
+    assert all(torch.equal(t, q[n]) for n, t in opt.compressor.state_dict()["q"].items())
