@@ -1,4 +1,6 @@
-"""Gradient sparsifiers: pure tensor code, one file per method.
+"""Gradient compressors: pure tensor code, one file per method. Sparsifiers select k
+entries of a layer; ``powersgd`` is the low-rank kind (``is_lowrank``: the engine sends
+its factors by allreduce, see gravac/engine/lowrank.py).
 
 Example::
 
@@ -13,6 +15,7 @@ import inspect
 from .base import Compressor, SelectContext, num_kept
 from .dgc import DGC
 from .none import NoCompression
+from .powersgd import PowerSGD
 from .randomk import RandomK
 from .redsync import RedSync
 from .topk import TopK
@@ -23,11 +26,13 @@ REGISTRY: dict[str, type[Compressor]] = {
     "redsync": RedSync,
     "randomk": RandomK,
     "none": NoCompression,
+    "powersgd": PowerSGD,
 }
 
 
 def get(name: str | Compressor, **options) -> Compressor:
-    """Build a compressor by name (``topk``, ``dgc``, ``redsync``, ``randomk``, ``none``).
+    """Build a compressor by name (``topk``, ``dgc``, ``redsync``, ``randomk``, ``none``,
+    ``powersgd``).
 
     An instance is returned as is (options are then not allowed).
 
@@ -52,4 +57,4 @@ def get(name: str | Compressor, **options) -> Compressor:
 
 
 __all__ = ["Compressor", "SelectContext", "num_kept", "get", "REGISTRY",
-           "TopK", "DGC", "RedSync", "RandomK", "NoCompression"]
+           "TopK", "DGC", "RedSync", "RandomK", "NoCompression", "PowerSGD"]

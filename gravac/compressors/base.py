@@ -58,6 +58,8 @@ class Compressor(ABC):
     uses_context = False
     #: True for the dense pseudo-compressor: the optimizer then allreduces everything.
     is_dense = False
+    #: True for low-rank compressors (PowerSGD): no select(); the engine's low-rank path.
+    is_lowrank = False
 
     def select(self, x: torch.Tensor, k: int, ctx: SelectContext | None = None) -> torch.Tensor:
         if x.dim() != 1:

@@ -11,6 +11,11 @@ rank 0 at every interval end, so every rank uses rank 0's per-layer CFs.
 When the learning rate of any param group goes down, every layer goes to the low CF
 until the next comparison. The optimizer detects the decay from the param groups, which
 all ranks share (``hvd.broadcast_optimizer_state`` and the same schedule).
+
+With PowerSGD the published Accordion switches ranks (rank 4 or 2 critical, rank 1
+otherwise): ``low_rank``/``high_rank`` give them, and the plans then carry per-layer ranks
+(``StepPlan.layer_rank``) instead of CFs. Ranks, not CFs, because one CF is a different
+rank on every layer shape, and a rank is what the paper (and DDP's PowerSGD hook) states.
 """
 from __future__ import annotations
 
@@ -34,6 +39,9 @@ class Accordion(Controller):
             training loop calls ``on_epoch_end()`` (or you ``end_interval()``) at the end of
             every epoch, on every rank.
         eta: threshold η on the relative change of the norm (> 0).
+        low_rank, high_rank: PowerSGD ranks of the critical (low CF: the larger rank) and
+            the other regime, both or neither (e.g. 4 and 1); the regimes are still told
+            apart by low_cf < high_cf, whose values are then not used.
 
     Example::
 
@@ -45,7 +53,8 @@ class Accordion(Controller):
     """
 
     def __init__(self, low_cf: float = 10.0, high_cf: float = 1000.0, switch_freq: int = 10,
-                 interval_steps: int | None = None, eta: float = 0.5):
+                 interval_steps: int | None = None, eta: float = 0.5,
+                 low_rank: int | None = None, high_rank: int | None = None):
         for name, value in (("low_cf", low_cf), ("high_cf", high_cf)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 1:
                 raise ValueError(f"Accordion({name}={value!r}): {name} must be a number >= 1")
@@ -60,6 +69,23 @@ class Accordion(Controller):
                              "or None for one epoch (then call end_interval() every epoch)")
         if isinstance(eta, bool) or not isinstance(eta, (int, float)) or not eta > 0:
             raise ValueError(f"Accordion(eta={eta!r}): eta must be a number > 0")
+        for name, value in (("low_rank", low_rank), ("high_rank", high_rank)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                      or value < 1):
+                raise ValueError(f"Accordion({name}={value!r}): {name} must be an int >= 1 "
+                                 "(a PowerSGD rank), or None to use the CFs")
+        if (low_rank is None) != (high_rank is None):
+            given = "low_rank" if high_rank is None else "high_rank"
+            raise ValueError(f"Accordion({given}={low_rank if high_rank is None else high_rank!r}): "
+                             "give both low_rank and high_rank (e.g. 4 and 1), or neither")
+        if low_rank is not None and low_rank < high_rank:
+            raise ValueError(f"Accordion(low_rank={low_rank!r}): low_rank is the critical "
+                             f"regime's rank and must be >= high_rank ({high_rank})")
+        if low_rank is not None and not low_cf < high_cf:
+            raise ValueError(f"Accordion(low_cf={low_cf!r}): with ranks, keep low_cf < high_cf "
+                             "(the defaults): they mark the two regimes")
+        self.low_rank, self.high_rank = low_rank, high_rank
+        self.uses_ranks = low_rank is not None
         self.low_cf = float(low_cf)
         self.high_cf = float(high_cf)
         self.switch_freq = switch_freq
@@ -88,7 +114,12 @@ class Accordion(Controller):
         return self._state["decisions"]
 
     def plan(self, step: int) -> StepPlan:
-        return StepPlan(theta_min=self.low_cf, layer_cf=dict(self._state["layer_cf"]))
+        layer_cf = dict(self._state["layer_cf"])
+        if self.low_rank is not None:
+            return StepPlan(theta_min=self.low_cf, layer_cf=layer_cf, layer_rank={
+                name: self.low_rank if cf == self.low_cf else self.high_rank
+                for name, cf in layer_cf.items()})
+        return StepPlan(theta_min=self.low_cf, layer_cf=layer_cf)
 
     def observe_gradients(self, grads: Mapping[str, torch.Tensor]) -> None:
         for name, grad in grads.items():
@@ -155,10 +186,17 @@ class Accordion(Controller):
         self._acc = {k: v.clone() for k, v in state.get("accumulators", {}).items()}
 
     def describe(self) -> dict:
+        # Ranks only when set: set-ups and checkpoints from before they existed still match.
+        ranks = {} if self.low_rank is None else {"low_rank": self.low_rank,
+                                                   "high_rank": self.high_rank}
         return {"controller": "Accordion", "low_cf": self.low_cf, "high_cf": self.high_cf,
                 "switch_freq": self.switch_freq, "interval_steps": self.interval_steps,
-                "eta": self.eta}
+                "eta": self.eta, **ranks}
 
     def __repr__(self) -> str:
+        if self.low_rank is not None:
+            return (f"Accordion(low_rank={self.low_rank}, high_rank={self.high_rank}, "
+                    f"switch_freq={self.switch_freq}, interval_steps={self.interval_steps}, "
+                    f"eta={self.eta})")
         return (f"Accordion(low_cf={self.low_cf:g}, high_cf={self.high_cf:g}, "
                 f"switch_freq={self.switch_freq}, interval_steps={self.interval_steps}, eta={self.eta})")

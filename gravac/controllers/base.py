@@ -51,6 +51,8 @@ class StepPlan:
     theta_min: first-level CF of every compressed layer (1 = dense).
     theta_c: candidate CF evaluated by multi-level compression, or None.
     layer_cf: per-layer first-level CFs overriding theta_min (Accordion), or None.
+    layer_rank: per-layer PowerSGD ranks used instead of the CFs (Static or Accordion
+        configured in ranks; only a low-rank compressor accepts them), or None.
     needs_gains: the optimizer must compute and agree on gains for ``decide``.
     gain_measure: how gains are measured (``GAIN_MEASURES``): ``"energy"``,
         Σ‖g_c‖² / Σ‖g_ef‖² (the paper's Algorithm 1), or ``"norm"``, Σ‖g_c‖ / Σ‖g‖ over
@@ -60,6 +62,7 @@ class StepPlan:
     theta_min: float
     theta_c: float | None = None
     layer_cf: Mapping[str, float] | None = None
+    layer_rank: Mapping[str, int] | None = None
     needs_gains: bool = False
     gain_measure: str = "energy"
 
@@ -92,6 +95,8 @@ class Controller(ABC):
     #: whether ``wants_gradients`` may be true on any rank; the same on every rank, since
     #: the engine then issues a NaN/Inf agreement of its own before the observation
     observes_gradients = False
+    #: plans carry PowerSGD ranks (``StepPlan.layer_rank``): needs a low-rank compressor
+    uses_ranks = False
 
     def bind(self, layer_names: list[str], sync: Sync) -> None:
         """Called once by the optimizer with the compressed layers' names and its Sync."""

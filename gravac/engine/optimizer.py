@@ -114,10 +114,18 @@ class DistributedOptimizerMixin:
         in sync: the set-up agreement runs again (a joining rank may have been built
         differently), the controller keeps what it learned but sees the new ranks, and
         step timing restarts. Residuals are left alone: each process keeps its own (a new
-        process starts with none); the elastic trainer restores or clears them.
+        process starts with none); the elastic trainer restores or clears them. A low-rank
+        compressor's warm-start Q, which must be the same on every rank, becomes rank 0's.
         """
         self._engine.rebind(comm)
         self._agree()
+        comp = self._engine.compressor
+        if comp.is_lowrank:
+            # A joining process has no Q (or an older one): rank 0's, moved on first use.
+            state = comp.state_dict()
+            state["q"] = {name: q.cpu() for name, q in state["q"].items()}
+            comp.load_state_dict(comm.broadcast_object(state if comm.rank == 0 else None,
+                                                       name=f"{self._prefix}.lowrank.q"))
         self._last_step_end = None
         self._synchronized = False
         self._should_synchronize = True
@@ -227,6 +235,10 @@ def wrap_optimizer(optimizer, named_parameters, comm: Comm, compressor="topk", c
         raise ValueError(f"dense_wire must be one of {', '.join(DENSE_WIRE)}, got {dense_wire!r}")
     comp = _compressors.get(compressor, **(compressor_options or {}))
     ctrl = _make_controller(controller)
+    if ctrl.uses_ranks and not comp.is_lowrank:
+        raise ValueError(f"controller {ctrl!r} plans PowerSGD ranks, which only "
+                         f"compressor='powersgd' takes (got {comp.name!r}); sparsifiers take "
+                         "CFs, e.g. Static(cf=100)")
     cls = type(optimizer.__class__.__name__, (DistributedOptimizerMixin, optimizer.__class__), {})
     return cls(optimizer.param_groups, named_parameters, comp, ctrl, comm, min_compress_numel,
                batch_size, name_prefix, nonfinite, max_consecutive_skips, defer_agreement,

@@ -33,6 +33,7 @@ from ..memory import ResidualMemory, SparseSent
 from .agreement import check_agreement
 from .exchange import AllgatherExchange
 from .layers import Layer
+from .lowrank import LowRankStep
 from .phases import PhaseClock
 from .record import SENT_SKIPPED, StepStats
 
@@ -70,6 +71,8 @@ class StepEngine:
         self.nonfinite, self.max_consecutive_skips = nonfinite, max_consecutive_skips
         self.exchange = AllgatherExchange(comm, prefix, dense_wire)
         self.memory = ResidualMemory()
+        # Low-rank compressors (PowerSGD) send factors by allreduce: gravac/engine/lowrank.py.
+        self.lowrank = LowRankStep(self) if compressor.is_lowrank else None
         self.skipped_steps: list[dict] = []
         self._consecutive_skips = 0
         # CUDA kernels run asynchronously: time phases only after the device has finished.
@@ -128,6 +131,13 @@ class StepEngine:
                 {l.name: l.param.grad for l in self.layers if l.compressible})
             clock.lap("t_control")
         self.memory.begin_step()
+        if self.lowrank is not None:
+            # PowerSGD's path expects agreed flags (it has rounds of its own: P, gains, Q).
+            if local_bad is not None:
+                bad_ranks = self._agree_flags(local_bad, clock)
+                if bad_ranks:
+                    return self._skip(step, bad_ranks, clock, t_compute)
+            return self.lowrank.synchronize(plan, step, clock, t_compute)
 
         dense = [l for l in self.layers if not l.compressible]
         selections: list[_Selection] = []

@@ -157,6 +157,8 @@ class CompressionConfig:
     compressor_options: dict = field(default_factory=dict)
     min_compress_numel: int = 1024
     cf: float = inspect.signature(Static).parameters["cf"].default
+    # PowerSGD only: every compressed layer at this rank instead of compression.cf (Static).
+    rank: int | None = inspect.signature(Static).parameters["rank"].default
     horovod_compression: str = "none"
     # A NaN/Inf gradient on any rank: "skip" the step on every rank, or "raise" (stop).
     nonfinite: str = "skip"
@@ -444,8 +446,21 @@ def validate(cfg: Config) -> None:
              c.max_consecutive_skips, "must be >= 0")
     _require(c.controller == "dense" or c.compressor != "none", "compression.compressor",
              c.compressor, f"compression.controller={c.controller} needs a sparsifier "
-             "(topk, dgc, redsync or randomk); for no compression use "
+             "(topk, dgc, redsync or randomk) or powersgd; for no compression use "
              "compression.controller=dense")
+    # Ranks (PowerSGD's own knob): compression.rank for static, low_rank/high_rank for
+    # accordion; a CF maps to a different rank per layer shape, a rank is what users state.
+    a = c.accordion
+    for key, value, controller in (("compression.rank", c.rank, "static"),
+                                   ("compression.accordion.low_rank", a.low_rank, "accordion"),
+                                   ("compression.accordion.high_rank", a.high_rank, "accordion")):
+        if value is None:
+            continue
+        _require(c.compressor == "powersgd", key, value,
+                 f"PowerSGD ranks need compression.compressor=powersgd (got "
+                 f"{c.compressor!r}; sparsifiers take CFs)")
+        _require(c.controller == controller, key, value,
+                 f"applies to compression.controller={controller} (got {c.controller!r})")
     if c.controller != "dense":
         from .. import compressors
         try:
@@ -481,7 +496,8 @@ def _config_key_error(controller: str, message: str) -> str:
     if match is None:
         return f"compression.{controller}: {message}"
     option, value, why = match.groups()
-    key = "compression.cf" if controller == "static" else f"compression.{controller}.{option}"
+    key = f"compression.{option}" if controller == "static" else \
+        f"compression.{controller}.{option}"
     return f"{key}={value}: {why}"
 
 
@@ -490,7 +506,7 @@ def build_controller(c: CompressionConfig):
     if c.controller == "dense":
         return None
     if c.controller == "static":
-        return Static(cf=c.cf)
+        return Static(cf=c.cf, rank=c.rank)
     options = c.gravac if c.controller == "gravac" else c.accordion
     component = GraVAC if c.controller == "gravac" else Accordion
     return component(**dataclasses.asdict(options))
