@@ -14,6 +14,8 @@ Example::
 """
 from __future__ import annotations
 
+import dataclasses
+
 #: Dotted config keys (or prefixes) a resumed run may change freely.
 MAY_CHANGE = (
     "run.name", "run.tag", "run.output_dir",            # how the run was found
@@ -79,10 +81,10 @@ def unknown_allowed(value, defaults: dict) -> list[str]:
 def check_resume_config(old: dict, cfg) -> tuple[str | None, list[str]]:
     """(the one-line refusal or None, lines naming the allowed changes) for resuming the
     run whose resolved config was ``old`` with ``cfg``."""
-    from .config import Config, to_dict
-
+    # The defaults are a fresh config of cfg's own class: no import of config.py (which
+    # imports this module to validate run.resume_allow_changes).
     allowed = allow_list(cfg.run.resume_allow_changes)
-    changes = config_changes(old, to_dict(cfg), to_dict(Config()))
+    changes = config_changes(old, dataclasses.asdict(cfg), dataclasses.asdict(type(cfg)()))
     free = {k: v for k, v in changes.items() if _covered(k, MAY_CHANGE)}
     rest = {k: v for k, v in changes.items() if k not in free}
     forced = rest if "all" in allowed else {k: v for k, v in rest.items()
