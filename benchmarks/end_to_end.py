@@ -47,6 +47,19 @@ WORKLOADS = {
 METHODS: dict[str, tuple[str, list[str]]] = {
     "dense": ("dense.yaml", []),
     "horovod_fp16": ("horovod_fp16.yaml", []),
+    # What a plain Horovod user runs: Horovod's own 1 ms background cycle (gravac's trainer
+    # picks 5 ms where ranks crowd the cores: run.horovod_cycle_time_ms, docs/BENCHMARKS.md §4).
+    "dense_cycle_1ms": ("dense.yaml", ["run.horovod_cycle_time_ms=horovod"]),
+    "horovod_fp16_cycle_1ms": ("horovod_fp16.yaml", ["run.horovod_cycle_time_ms=horovod"]),
+    # PyTorch DDP's PowerSGD hook (--backend torch only), 30 plain steps first (10% of a
+    # 300-step run; PyTorch's default of 1000 would never start here).
+    "ddp_powersgd_rank1": ("ddp_powersgd_rank1.yaml", ["compression.ddp_start_powersgd_iter=30"]),
+    "ddp_powersgd_rank4": ("ddp_powersgd_rank4.yaml", ["compression.ddp_start_powersgd_iter=30"]),
+    # gravac's PowerSGD (either transport) and Accordion on it (rank 4 <-> 1, the paper's
+    # Table 4), intervals shortened like Accordion's above.
+    "gravac_powersgd_rank4": ("static_powersgd_rank4.yaml", []),
+    "accordion_powersgd": ("accordion_powersgd.yaml", ["compression.accordion.interval_steps=25",
+                                                       "compression.accordion.switch_freq=2"]),
     "static_topk_10x": ("static_topk_10x.yaml", []),
     "static_topk_40x": ("static_topk_10x.yaml", ["compression.cf=40"]),
     "static_topk_1000x": ("static_topk_1000x.yaml", []),
@@ -239,6 +252,10 @@ def main() -> int:
         for backend in backends:
             results = {}
             for method in methods:
+                if method.startswith("ddp_") and backend != "torch":
+                    print(f"  {rate:>8} {backend:<8} {method:<18} skipped: a DDP hook runs on "
+                          "torch.distributed only (--backend torch)", flush=True)
+                    continue
                 run_dir = (run_dir_of(args.out, rate, backend, method) if args.summarize_only
                            else run_one(method, rate, args.steps, args.out, args.np, args.extra,
                                         args.workload, backend))

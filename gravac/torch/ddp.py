@@ -4,6 +4,7 @@ without gravac (as ``hvd.DistributedOptimizer`` is on Horovod).
 Example::
 
     ddp = wrap_ddp(model, comm, fp16=True)       # DDP + its fp16_compress_hook
+    ddp = wrap_ddp(model, comm, powersgd_rank=4, start_powersgd_iter=30)   # + its PowerSGD hook
     loss_fn(ddp(x), y).backward()                 # gradients averaged during backward
     optimizer.step()                              # a plain torch optimizer
 """
@@ -12,19 +13,33 @@ from __future__ import annotations
 import torch
 from torch.nn.parallel import DistributedDataParallel
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
 
 from ..comm.torchdist import TorchDistComm
 
 
-def wrap_ddp(model: torch.nn.Module, comm: TorchDistComm, fp16: bool = False) -> DistributedDataParallel:
+def wrap_ddp(model: torch.nn.Module, comm: TorchDistComm, fp16: bool = False,
+             powersgd_rank: int | None = None, start_powersgd_iter: int = 1000,
+             seed: int = 0) -> DistributedDataParallel:
     """``model`` in DDP over ``comm``'s process group (collective: DDP broadcasts rank 0's
     parameters and buffers). ``fp16``: gradients travel as fp16 (DDP's
-    ``fp16_compress_hook``, the counterpart of Horovod's ``Compression.fp16``)."""
+    ``fp16_compress_hook``, the counterpart of Horovod's ``Compression.fp16``).
+    ``powersgd_rank``: DDP's own PowerSGD hook at that rank, with error feedback and warm
+    start, plain allreduce for the first ``start_powersgd_iter`` steps (PyTorch's advice:
+    let the early, fast-changing gradients through uncompressed); its state (Q, errors)
+    lives in the hook and is not in gravac's checkpoints."""
     if not isinstance(comm, TorchDistComm):
         raise ValueError(f"DDP needs the torch.distributed transport, got {comm.backend!r}")
+    if fp16 and powersgd_rank is not None:
+        raise ValueError("DDP takes one communication hook: fp16 or PowerSGD, not both")
     device_ids = [model_device.index] if (model_device := next(model.parameters()).device).type == "cuda" \
         else None
     ddp = DistributedDataParallel(model, device_ids=device_ids, process_group=comm.group)
     if fp16:
         ddp.register_comm_hook(comm.group, default_hooks.fp16_compress_hook)
+    elif powersgd_rank is not None:
+        state = powerSGD_hook.PowerSGDState(
+            process_group=comm.group, matrix_approximation_rank=powersgd_rank,
+            start_powerSGD_iter=start_powersgd_iter, random_seed=seed)
+        ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
     return ddp

@@ -160,6 +160,11 @@ class CompressionConfig:
     # PowerSGD only: every compressed layer at this rank instead of compression.cf (Static).
     rank: int | None = inspect.signature(Static).parameters["rank"].default
     horovod_compression: str = "none"
+    # Dense on torch.distributed is PyTorch DDP: with ddp_powersgd_rank, DDP's own PowerSGD
+    # hook at that rank (what a torchrun user would pick instead of gravac), plain
+    # allreduce for the first ddp_start_powersgd_iter steps (PyTorch's default: 1000).
+    ddp_powersgd_rank: int | None = None
+    ddp_start_powersgd_iter: int = 1000
     # A NaN/Inf gradient on any rank: "skip" the step on every rank, or "raise" (stop).
     nonfinite: str = "skip"
     max_consecutive_skips: int = 10
@@ -438,6 +443,18 @@ def validate(cfg: Config) -> None:
     _require(c.horovod_compression == "none" or c.controller == "dense",
              "compression.horovod_compression", c.horovod_compression,
              "applies to compression.controller=dense only (plain Horovod allreduce)")
+    _require(c.ddp_powersgd_rank is None or c.ddp_powersgd_rank >= 1,
+             "compression.ddp_powersgd_rank", c.ddp_powersgd_rank, "must be >= 1 or null")
+    _require(c.ddp_powersgd_rank is None or c.controller == "dense",
+             "compression.ddp_powersgd_rank", c.ddp_powersgd_rank,
+             "is PyTorch DDP's PowerSGD hook: it needs compression.controller=dense (for "
+             "gravac's own PowerSGD use compressor: powersgd)")
+    _require(c.ddp_powersgd_rank is None or c.horovod_compression == "none",
+             "compression.ddp_powersgd_rank", c.ddp_powersgd_rank,
+             "and horovod_compression=fp16 are two DDP hooks; DDP takes one")
+    _require(c.ddp_start_powersgd_iter >= 2, "compression.ddp_start_powersgd_iter",
+             c.ddp_start_powersgd_iter, "must be >= 2 (PyTorch's hook starts after DDP's "
+             "first two iterations)")
     _require(c.min_compress_numel >= 1, "compression.min_compress_numel", c.min_compress_numel,
              "must be >= 1")
     _require(c.nonfinite in ("skip", "raise"), "compression.nonfinite", c.nonfinite,

@@ -47,6 +47,11 @@ def build_optimizer(cfg: Config, model: torch.nn.Module, comm: Comm,
     being in DDP (``uses_ddp``); in one process gravac's with no compression."""
     base = build_sgd(cfg.optimizer, model)
     c = cfg.compression
+    if c.ddp_powersgd_rank is not None and comm.backend != "torch":
+        raise ValueError(f"compression.ddp_powersgd_rank={c.ddp_powersgd_rank}: PyTorch DDP's "
+                         f"PowerSGD hook runs on torch.distributed (torchrun, run.backend=torch), "
+                         f"not {comm.backend}; with horovodrun use compressor: powersgd "
+                         "(configs/compression/static_powersgd_rank4.yaml)")
     if c.controller == "dense" and comm.backend == "horovod":
         import horovod.torch as hvd
 
@@ -185,7 +190,10 @@ class Trainer:
             # The task's forward (and so backward) goes through DDP, which averages the
             # gradients; checkpoints and evaluation keep using the bare model.
             self.task.model = wrap_ddp(self.model, comm,
-                                       fp16=cfg.compression.horovod_compression == "fp16")
+                                       fp16=cfg.compression.horovod_compression == "fp16",
+                                       powersgd_rank=cfg.compression.ddp_powersgd_rank,
+                                       start_powersgd_iter=cfg.compression.ddp_start_powersgd_iter,
+                                       seed=cfg.run.seed)
         o = cfg.optimizer
         self.scheduler = torch.optim.lr_scheduler.MultiStepLR(self.opt, milestones=o.lr_milestones,
                                                               gamma=o.lr_gamma)
@@ -221,8 +229,11 @@ class Trainer:
                          f"{opt.controller!r}; {len(names)} of {len(opt.layer_names)} layers "
                          "compressed")
         elif uses_ddp(cfg, self.comm):
-            lines.append(f"dense PyTorch DDP (fp16 hook: "
-                         f"{cfg.compression.horovod_compression == 'fp16'})")
+            c = cfg.compression
+            hook = ("fp16" if c.horovod_compression == "fp16" else
+                    f"PowerSGD rank {c.ddp_powersgd_rank} from step {c.ddp_start_powersgd_iter}"
+                    if c.ddp_powersgd_rank is not None else "none")
+            lines.append(f"dense PyTorch DDP (hook: {hook})")
         else:
             lines.append(f"dense Horovod allreduce (compression "
                          f"{cfg.compression.horovod_compression})")
@@ -290,7 +301,9 @@ class Trainer:
         self.log.record(record or {
             "kind": "run_start", "name": self.cfg.run.name, "time": self.elapsed(),
             "step": self.step, "world_size": self.world, "controller": c.controller,
-            "compressor": c.compressor if c.controller != "dense" else c.horovod_compression,
+            "compressor": c.compressor if c.controller != "dense" else (
+                f"ddp_powersgd_rank{c.ddp_powersgd_rank}" if c.ddp_powersgd_rank is not None
+                else c.horovod_compression),
             "model": self.cfg.model.name, "dataset": self.cfg.data.name,
             "batch_size": self.cfg.data.batch_size, "metric": self.task.metric,
             "total_steps": self.total_steps, "resumed": self.resumed,
