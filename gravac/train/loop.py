@@ -47,7 +47,9 @@ def build_optimizer(cfg: Config, model: torch.nn.Module, comm: Comm,
     being in DDP (``uses_ddp``); in one process gravac's with no compression."""
     base = build_sgd(cfg.optimizer, model)
     c = cfg.compression
-    if c.ddp_powersgd_rank is not None and comm.backend != "torch":
+    # Under horovodrun the hook would silently not exist: refused. (One process, the local
+    # transport, communicates nothing, so there is nothing to refuse; --dry-run uses it.)
+    if c.ddp_powersgd_rank is not None and comm.backend == "horovod":
         raise ValueError(f"compression.ddp_powersgd_rank={c.ddp_powersgd_rank}: PyTorch DDP's "
                          f"PowerSGD hook runs on torch.distributed (torchrun, run.backend=torch), "
                          f"not {comm.backend}; with horovodrun use compressor: powersgd "

@@ -32,9 +32,13 @@ def test_bad_settings_are_one_line(tmp_path, sets, message):
         _load(tmp_path, *sets)
 
 
-def test_refused_off_torch_distributed(tmp_path):
+class _HorovodLike(LocalComm):
+    backend = "horovod"
+
+
+def test_refused_under_horovod(tmp_path):
     cfg = _load(tmp_path)
     model = torch.nn.Linear(4, 2)
     with pytest.raises(ValueError, match=r"ddp_powersgd_rank=4: PyTorch DDP's PowerSGD hook "
                                          r"runs on torch.distributed"):
-        build_optimizer(cfg, model, LocalComm())
+        build_optimizer(cfg, model, _HorovodLike())
