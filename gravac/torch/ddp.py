@@ -34,7 +34,17 @@ def wrap_ddp(model: torch.nn.Module, comm: TorchDistComm, fp16: bool = False,
         raise ValueError("DDP takes one communication hook: fp16 or PowerSGD, not both")
     device_ids = [model_device.index] if (model_device := next(model.parameters()).device).type == "cuda" \
         else None
-    ddp = DistributedDataParallel(model, device_ids=device_ids, process_group=comm.group)
+    options = {}
+    if powersgd_rank is not None and device_ids is None:
+        # The PowerSGD hook issues each bucket's second allreduce (Q) from the first one's
+        # completion callback; on Gloo two buckets' callbacks may then issue their
+        # collectives in a different order on each rank (seen: "Received data size doesn't
+        # match expected size" at the first PowerSGD step of the 5.4M-parameter LSTM). One
+        # bucket for the whole model leaves a single chain.
+        size_mb = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20
+        options["bucket_cap_mb"] = max(25.0, size_mb + 1.0)
+    ddp = DistributedDataParallel(model, device_ids=device_ids, process_group=comm.group,
+                                  **options)
     if fp16:
         ddp.register_comm_hook(comm.group, default_hooks.fp16_compress_hook)
     elif powersgd_rank is not None:
