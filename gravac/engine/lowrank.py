@@ -37,7 +37,8 @@ from typing import Sequence
 import torch
 
 from ..compressors.powersgd import compression_factor, matrix_shape, orthogonalize_, rank_for_cf
-from ..controllers import SENT_CANDIDATE, SENT_DENSE, SENT_MIN, StepPlan
+from ..controllers import SENT_CANDIDATE, SENT_DENSE, StepPlan
+from .decision import checked_decision
 from .layers import Layer
 from .phases import PhaseClock
 from .record import StepStats
@@ -123,13 +124,8 @@ class LowRankStep:
             gain_min, gain_c = self._agree_gains(work, plan.gain_measure, clock)
             if not any(w.r_c is not None for w in work):
                 gain_c = None
-        sent = e.controller.decide(gain_min, gain_c) if work else SENT_MIN
-        if sent not in (SENT_CANDIDATE, SENT_MIN, SENT_DENSE):
-            raise RuntimeError(f"controller returned {sent!r}; expected one of "
-                               f"{SENT_CANDIDATE!r}, {SENT_MIN!r}, {SENT_DENSE!r}")
-        if sent == SENT_CANDIDATE and any(w.r_c is None for w in work):
-            raise RuntimeError("controller chose the candidate but its plan had no candidate CF "
-                               "above theta_min")
+        sent = checked_decision(e.controller, gain_min, gain_c, bool(work),
+                                all(w.r_c is not None for w in work))
         clock.lap("t_control")
 
         t_discarded = 0.0

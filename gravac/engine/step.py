@@ -31,6 +31,7 @@ from ..compressors import Compressor, SelectContext, num_kept
 from ..controllers import SENT_CANDIDATE, SENT_DENSE, SENT_MIN, Controller, StepRecord
 from ..memory import ResidualMemory, SparseSent
 from .agreement import check_agreement
+from .decision import checked_decision
 from .exchange import AllgatherExchange
 from .layers import Layer
 from .lowrank import LowRankStep
@@ -167,13 +168,8 @@ class StepEngine:
             local_bad = None                     # agreed with the gains
             if not any(s.val_c is not None for s in selections):
                 gain_c = None
-        sent = self.controller.decide(gain_min, gain_c) if selections else SENT_MIN
-        if sent not in (SENT_CANDIDATE, SENT_MIN, SENT_DENSE):
-            raise RuntimeError(f"controller returned {sent!r}; expected one of "
-                               f"{SENT_CANDIDATE!r}, {SENT_MIN!r}, {SENT_DENSE!r}")
-        if sent == SENT_CANDIDATE and any(s.val_c is None for s in selections):
-            raise RuntimeError("controller chose the candidate but its plan had no candidate CF "
-                               "above theta_min")
+        sent = checked_decision(self.controller, gain_min, gain_c, bool(selections),
+                                all(s.val_c is not None for s in selections))
         clock.lap("t_control")
 
         payload = []
