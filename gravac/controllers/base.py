@@ -54,6 +54,10 @@ class StepPlan:
     layer_rank: per-layer PowerSGD ranks used instead of the CFs (Static or Accordion
         configured in ranks; only a low-rank compressor accepts them), or None.
     needs_gains: the optimizer must compute and agree on gains for ``decide``.
+    decided: what the step sends (SENT_CANDIDATE, SENT_MIN or SENT_DENSE) when the
+        controller knows it before the step (GraVAC ``decide="previous"``); the gains are
+        then still agreed and given to ``decide`` (whose answer is not used), and the
+        optimizer may send layers during backward. None: ``decide`` chooses after the gains.
     gain_measure: how gains are measured (``GAIN_MEASURES``): ``"energy"``,
         Σ‖g_c‖² / Σ‖g_ef‖² (the paper's Algorithm 1), or ``"norm"``, Σ‖g_c‖ / Σ‖g‖ over
         layers with the raw gradient g (no residual) below (the authors' public code).
@@ -65,6 +69,7 @@ class StepPlan:
     layer_rank: Mapping[str, int] | None = None
     needs_gains: bool = False
     gain_measure: str = "energy"
+    decided: str | None = None
 
     def cf_of(self, name: str) -> float:
         if self.layer_cf is not None and name in self.layer_cf:

@@ -34,6 +34,13 @@ Extensions, each opt-in and measured in docs/BENCHMARKS.md (docs/ALGORITHM.md §
 * ``warmup_windows=W``: the first W windows run at θmin only (the paper: none).
 * ``gain_measure="norm"``: Σ‖g_c‖ / Σ‖g‖ (the authors' public code) instead of the energy
   ratio Σ‖g_c‖² / Σ‖g_ef‖² of Algorithm 1; the optimizer measures it (``StepPlan``).
+* ``decide="previous"`` (E4): a step sends the level that the smoothed gains agreed up to
+  the previous step choose (the same rule: δc ≥ ε, else δmin ≥ ε, else dense; dense on the
+  very first step, before any gain was measured), announced in the plan
+  (``StepPlan.decided``) so that the optimizer can send each layer as soon as backward
+  produced it (``overlap=True``). This step's gains still update δmin and δc. The paper
+  (``"current"``) decides on the gains of the step itself, known only after every layer
+  is compressed: a one-step lag in exchange for overlap.
 """
 from __future__ import annotations
 
@@ -45,6 +52,8 @@ from .base import (GAIN_MEASURES, SENT_CANDIDATE, SENT_DENSE, SENT_MIN, Controll
 from .ladder import POLICIES, build_ladder, next_rung
 
 SCALE_UP_RULES = ("gain", "epsilon")
+#: Which gains decide what a step sends: this step's (Algorithm 1) or the previous step's (E4).
+DECIDE_RULES = ("current", "previous")
 
 
 def default_alpha(world_size: int) -> float:
@@ -74,6 +83,9 @@ class GraVAC(Controller):
             (extension E3).
         dense_reprobe: with ``settle_dense``, dense windows between two windows that run
             the ladder again (>= 1).
+        decide: ``"current"`` (the paper: this step's agreed gains decide what it sends)
+            or ``"previous"`` (the smoothed gains up to the previous step decide, so the
+            level is known before backward; extension E4).
 
     Example::
 
@@ -88,7 +100,7 @@ class GraVAC(Controller):
                  omega: float = 0.01, window: int = 500, policy: str = "exponential",
                  alpha: float | None = None, gain_measure: str = "energy",
                  warmup_windows: int = 0, dense_probe_steps: int = 0, scale_up: str = "gain",
-                 settle_dense: bool = False, dense_reprobe: int = 4):
+                 settle_dense: bool = False, dense_reprobe: int = 4, decide: str = "current"):
         _check_number("theta_min", theta_min, "a number >= 1", lambda v: v >= 1)
         _check_number("theta_max", theta_max, f"a number >= theta_min ({theta_min})",
                       lambda v: v >= theta_min)
@@ -108,6 +120,7 @@ class GraVAC(Controller):
             raise ValueError(f"GraVAC(settle_dense={settle_dense!r}): settle_dense must be "
                              "true or false")
         _check_int("dense_reprobe", dense_reprobe, "an int >= 1 (windows)", lambda v: v >= 1)
+        _check_choice("decide", decide, DECIDE_RULES)
         self.theta_min0 = float(theta_min)
         self.theta_max = float(theta_max)
         self.epsilon = float(epsilon)
@@ -121,6 +134,7 @@ class GraVAC(Controller):
         self.scale_up = scale_up
         self.settle_dense = settle_dense
         self.dense_reprobe = dense_reprobe
+        self.decide_rule = decide
         self.ladder = build_ladder(self.theta_min0, self.theta_max, policy)
         self._state = self._initial_state(alpha if alpha is not None else default_alpha(1))
 
@@ -203,8 +217,21 @@ class GraVAC(Controller):
         if self._state["on_dense"]:
             return StepPlan(theta_min=1.0)       # settled on dense (E3) until the re-probe
         theta_c = self.theta_c if self._candidate_active(step) else None
+        decided = None
+        if self.decide_rule == "previous" and self.theta_min > 1:
+            decided = self._rule(self._state["delta_min"],
+                                 self._state["delta_c"] if theta_c is not None else None)
         return StepPlan(theta_min=self.theta_min, theta_c=theta_c,
-                        needs_gains=self.theta_min > 1, gain_measure=self.gain_measure)
+                        needs_gains=self.theta_min > 1, gain_measure=self.gain_measure,
+                        decided=decided)
+
+    def _rule(self, delta_min, delta_c) -> str:
+        """Algorithm 1's choice from smoothed gains (None: not measured yet)."""
+        if delta_c is not None and delta_c >= self.epsilon:
+            return SENT_CANDIDATE
+        if delta_min is not None and delta_min >= self.epsilon:
+            return SENT_MIN
+        return SENT_DENSE
 
     def _ewma(self, old, sample):
         if old is None:
@@ -219,11 +246,7 @@ class GraVAC(Controller):
         if gain_c is not None:
             s["delta_c"] = self._ewma(s["delta_c"], gain_c)
             s["candidate_measured"] = True
-            if s["delta_c"] >= self.epsilon:
-                return SENT_CANDIDATE
-        if s["delta_min"] is not None and s["delta_min"] >= self.epsilon:
-            return SENT_MIN
-        return SENT_DENSE
+        return self._rule(s["delta_min"], s["delta_c"] if gain_c is not None else None)
 
     def end_step(self, record: StepRecord, sync: Sync) -> None:
         """Record T_compress of what the step sent (``record.t_iter`` of a dense step must
@@ -355,7 +378,8 @@ class GraVAC(Controller):
                 "policy": self.policy, "alpha": self.alpha_option,
                 "gain_measure": self.gain_measure, "warmup_windows": self.warmup_windows,
                 "dense_probe_steps": self.dense_probe_steps, "scale_up": self.scale_up,
-                "settle_dense": self.settle_dense, "dense_reprobe": self.dense_reprobe}
+                "settle_dense": self.settle_dense, "dense_reprobe": self.dense_reprobe,
+                "decide": self.decide_rule}
 
     def __repr__(self) -> str:
         return (f"GraVAC(theta_min={self.theta_min0:g}, theta_max={self.theta_max:g}, "

@@ -86,13 +86,15 @@ class AllgatherExchange:
         buffer, ctx = codec.pack([(values, indices) for _, values, indices in sparse])
         return [layer for layer, _, _ in sparse], codec, ctx, buffer
 
-    def start(self, packed, dense: Sequence[Layer]) -> PendingExchange:
-        """Start the allgather of ``packed`` (from ``pack``) and the dense reductions."""
+    def start(self, packed, dense: Sequence[Layer], tag: str = "") -> PendingExchange:
+        """Start the allgather of ``packed`` (from ``pack``) and the dense reductions.
+        ``tag`` ends the collectives' names: exchanges in flight at once (the buckets of
+        an overlapped step) need different ones."""
         gather = sparse_layers = codec = ctx = None
         nbytes = 0
         if packed is not None:
             sparse_layers, codec, ctx, buffer = packed
-            gather = self.comm.allgather_bytes_async(buffer, name=f"{self.prefix}.sparse")
+            gather = self.comm.allgather_bytes_async(buffer, name=f"{self.prefix}.sparse{tag}")
             nbytes += buffer.numel()
         reductions = []
         # One grouped allreduce per dtype (fp32 and fp64 cannot share a fused buffer), in a
@@ -106,7 +108,7 @@ class AllgatherExchange:
                 wire = [l.param.grad.to(torch.float16) for l in layers]
             else:
                 wire = [l.param.grad for l in layers]
-            name = f"{self.prefix}.dense" + ("" if len(by_dtype) == 1 else f".{dtype}")
+            name = f"{self.prefix}.dense{tag}" + ("" if len(by_dtype) == 1 else f".{dtype}")
             handle = self.comm.grouped_allreduce_async_(wire, op="average", name=name)
             reductions.append((handle, layers, wire))
             nbytes += sum(w.numel() * w.element_size() for w in wire)

@@ -23,6 +23,7 @@ from ..comm import Comm
 from ..controllers import Controller, Static
 from .exchange import DENSE_WIRE
 from .layers import build_layers
+from .overlap import BackwardOverlap
 from .record import StepStats
 from .step import StepEngine
 
@@ -39,8 +40,11 @@ class DistributedOptimizerMixin:
 
     def __init__(self, params, named_parameters, compressor, controller, comm: Comm,
                  min_compress_numel, batch_size, name_prefix, nonfinite,
-                 max_consecutive_skips, defer_agreement, dense_wire):
+                 max_consecutive_skips, defer_agreement, dense_wire, overlap=False,
+                 bucket_cap_mb=25.0, backward_passes_per_step=1):
         super().__init__(params)
+        if not isinstance(overlap, bool):
+            raise ValueError(f"overlap must be True or False, got {overlap!r}")
         if isinstance(min_compress_numel, bool) or not isinstance(min_compress_numel, int) \
                 or min_compress_numel < 1:
             raise ValueError(f"min_compress_numel must be an int >= 1, got {min_compress_numel!r}")
@@ -53,6 +57,14 @@ class DistributedOptimizerMixin:
         layers = build_layers(self.param_groups, named_parameters, min_compress_numel, compressor)
         self._engine = StepEngine(layers, compressor, controller, comm, name_prefix, nonfinite,
                                   max_consecutive_skips, dense_wire)
+        self._context: tuple[int, bool] | None = None
+        if overlap:
+            self._engine.overlap = BackwardOverlap(self._engine, self._step_context,
+                                                   bucket_cap_mb, backward_passes_per_step)
+        elif backward_passes_per_step != 1 or bucket_cap_mb != 25.0:
+            raise ValueError("bucket_cap_mb and backward_passes_per_step take effect with "
+                             "overlap=True only (without it, step() sends whatever the "
+                             "backward passes accumulated)")
         self._agreed = False
         if not defer_agreement:
             self._agree()
@@ -97,6 +109,10 @@ class DistributedOptimizerMixin:
             "nonfinite": e.nonfinite,
             "max_consecutive_skips": e.max_consecutive_skips,
             "dense_wire": e.exchange.dense_wire,
+            # Buckets decide the collectives: every rank must cut them alike.
+            "overlap": None if e.overlap is None else
+            {"bucket_cap_mb": e.overlap.bucket_cap_mb,
+             "backward_passes_per_step": e.overlap.backward_passes_per_step},
             "parameters": [f"{l.name} {tuple(l.param.shape)} {l.param.dtype}"
                            f"{' compressed' if l.compressible else ''}" for l in e.layers],
         }
@@ -129,6 +145,7 @@ class DistributedOptimizerMixin:
         self._last_step_end = None
         self._synchronized = False
         self._should_synchronize = True
+        self._context = None
 
     @contextmanager
     def skip_synchronize(self):
@@ -149,17 +166,29 @@ class DistributedOptimizerMixin:
     def _current_lrs(self) -> list[float]:
         return [float(g.get("lr", 0.0)) for g in self.param_groups]
 
+    def _step_context(self) -> tuple[int, bool]:
+        """(step, whether a learning rate went down since the last step): once per step,
+        asked by ``synchronize`` or, with overlap, by the first gradient hook."""
+        if self._context is None:
+            if not self._agreed:
+                self._agree()            # before the step's first collective
+            lrs = self._current_lrs()
+            decayed = any(new < old for new, old in zip(lrs, self._lrs))
+            self._lrs = lrs
+            self._context = (self._gravac_step, decayed)
+        return self._context
+
     def synchronize(self) -> None:
         """Compress, communicate and aggregate all gradients (``step()`` calls this)."""
-        if not self._agreed:
-            self._agree()
         e = self._engine
+        step, decayed = self._step_context()
         t0 = e.now()
-        lrs = self._current_lrs()
-        decayed = any(new < old for new, old in zip(lrs, self._lrs))
-        self._lrs = lrs
         t_compute = None if self._last_step_end is None else t0 - self._last_step_end
-        self.last_stats = e.synchronize(self._gravac_step, decayed, t_compute)
+        try:
+            self.last_stats = e.synchronize(step, decayed, t_compute)
+        except BaseException:
+            self._context = None         # a failed step (e.g. nonfinite='raise') is over
+            raise
         self._synchronized = True
 
     def step(self, closure=None):
@@ -167,6 +196,10 @@ class DistributedOptimizerMixin:
             self.synchronize()
         if not self._synchronized:
             # Inside skip_synchronize() without a synchronize(): a purely local step.
+            if self._engine.overlap is not None and self._engine.overlap.active:
+                raise RuntimeError("backward's hooks started this step's exchange "
+                                   "(overlap=True): call synchronize() before step() inside "
+                                   "skip_synchronize()")
             return super().step(closure)
         e, stats = self._engine, self.last_stats
         self._synchronized = False
@@ -184,6 +217,7 @@ class DistributedOptimizerMixin:
         e.end_step(stats, samples=None if stats.skipped else
                    (self.batch_size or 1) * e.comm.size)
         self._gravac_step += 1
+        self._context = None
         return loss
 
     # -- state ----------------------------------------------------------------------------
@@ -206,6 +240,7 @@ class DistributedOptimizerMixin:
             self._gravac_step = int(extra["step"])
         self._synchronized = False
         self._lrs = self._current_lrs()
+        self._context = None
 
 
 def _make_controller(controller) -> Controller:
@@ -223,7 +258,9 @@ def wrap_optimizer(optimizer, named_parameters, comm: Comm, compressor="topk", c
                    min_compress_numel: int = 1024, compressor_options: dict | None = None,
                    batch_size: int | None = None, name_prefix: str = "gravac",
                    nonfinite: str = "skip", max_consecutive_skips: int = 10,
-                   defer_agreement: bool = False, dense_wire: str = "native"):
+                   defer_agreement: bool = False, dense_wire: str = "native",
+                   overlap: bool = False, bucket_cap_mb: float = 25.0,
+                   backward_passes_per_step: int = 1):
     """The distributed form of ``optimizer`` over ``comm`` (see the front ends' docstrings
     for the arguments: ``gravac.DistributedOptimizer``)."""
     if not isinstance(optimizer, torch.optim.Optimizer):
@@ -242,7 +279,7 @@ def wrap_optimizer(optimizer, named_parameters, comm: Comm, compressor="topk", c
     cls = type(optimizer.__class__.__name__, (DistributedOptimizerMixin, optimizer.__class__), {})
     return cls(optimizer.param_groups, named_parameters, comp, ctrl, comm, min_compress_numel,
                batch_size, name_prefix, nonfinite, max_consecutive_skips, defer_agreement,
-               dense_wire)
+               dense_wire, overlap, bucket_cap_mb, backward_passes_per_step)
 
 
 def broadcast_optimizer_state(optimizer, comm: Comm, root: int = 0) -> None:

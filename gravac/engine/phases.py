@@ -67,6 +67,11 @@ class PhaseClock:
         self._last = now
         return now
 
+    def resume(self) -> None:
+        """Restart the lap here without charging the time since the previous one (the
+        overlapped step: the backward compute between two hooks is not a phase)."""
+        self._last = self._synced_now() if self._exact else time.perf_counter()
+
     def local(self) -> float:
         return sum(self.times[p] for p in LOCAL_PHASES)
 

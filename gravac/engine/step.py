@@ -81,6 +81,8 @@ class StepEngine:
         #: On CUDA, synchronise at every phase boundary for an exact split (costs a device
         #: sync per phase; ``benchmarks/step_profile.py`` turns it on). CPU: always exact.
         self.exact_phases = False
+        #: A ``BackwardOverlap`` when the step starts in backward's hooks (overlap=True).
+        self.overlap = None
         self.controller.bind(self.compressed_layer_names, comm)
 
     @property
@@ -96,6 +98,8 @@ class StepEngine:
         """Use ``comm`` from now on (an elastic reset); the controller keeps its state."""
         self.comm = comm
         self.exchange.comm = comm
+        if self.overlap is not None:
+            self.overlap.reset()
         self.controller.rebind(self.compressed_layer_names, comm)
 
     def now(self) -> float:
@@ -106,7 +110,10 @@ class StepEngine:
     # -- the step -------------------------------------------------------------------------
     def synchronize(self, step: int, lr_decayed: bool, t_compute: float | None) -> StepStats:
         """Average every layer's gradient across ranks (compressed as the controller
-        plans), in place in ``.grad``; returns what the step did."""
+        plans), in place in ``.grad``; returns what the step did. With ``overlap`` (a
+        ``BackwardOverlap``), the buckets that backward's hooks started are finished."""
+        if self.overlap is not None:
+            return self.overlap.synchronize(t_compute)
         clock = PhaseClock(self.now, exact=not self._cuda or self.exact_phases)
         # A learning-rate decay must reach the controller before it plans the step that
         # uses the new rate.
@@ -125,7 +132,7 @@ class StepEngine:
         if self.controller.observes_gradients:   # the same on every rank
             bad_ranks = self._agree_flags(local_bad, clock)
             if bad_ranks:
-                return self._skip(step, bad_ranks, clock, t_compute)
+                return self.skip(step, bad_ranks, clock, t_compute)
             local_bad = None                     # agreed
         if self.controller.wants_gradients:      # may differ per rank: no collective here
             self.controller.observe_gradients(
@@ -137,7 +144,7 @@ class StepEngine:
             if local_bad is not None:
                 bad_ranks = self._agree_flags(local_bad, clock)
                 if bad_ranks:
-                    return self._skip(step, bad_ranks, clock, t_compute)
+                    return self.skip(step, bad_ranks, clock, t_compute)
             return self.lowrank.synchronize(plan, step, clock, t_compute)
 
         dense = [l for l in self.layers if not l.compressible]
@@ -155,7 +162,7 @@ class StepEngine:
                 continue
             g_ef = self.memory.compensate(layer.name, layer.param.grad)
             clock.lap("t_feedback")
-            selections.append(self._select(layer, g_ef, cf, plan.theta_c, step))
+            selections.append(self.select(layer, g_ef, cf, plan.theta_c, step))
             clock.lap("t_select")
 
         gain_min = gain_c = None
@@ -164,12 +171,12 @@ class StepEngine:
                                                             local_bad)
             if bad_ranks:
                 self.memory.rollback_step()
-                return self._skip(step, bad_ranks, clock, t_compute)
+                return self.skip(step, bad_ranks, clock, t_compute)
             local_bad = None                     # agreed with the gains
             if not any(s.val_c is not None for s in selections):
                 gain_c = None
         sent = checked_decision(self.controller, gain_min, gain_c, bool(selections),
-                                all(s.val_c is not None for s in selections))
+                                all(s.val_c is not None for s in selections), plan.decided)
         clock.lap("t_control")
 
         payload = []
@@ -197,7 +204,7 @@ class StepEngine:
         flags = None
         if local_bad is not None:
             # Started with the exchange: one more tiny allreduce in the same round.
-            flags = self.comm.allreduce_async(self._flags(local_bad), op="sum",
+            flags = self.comm.allreduce_async(self.flags(local_bad), op="sum",
                                               name=f"{self.prefix}.finite")
         pending.wait()
         bad_ranks = _flagged(flags.wait()) if flags is not None else []
@@ -205,14 +212,22 @@ class StepEngine:
         if bad_ranks:
             # What arrived is discarded: gradients are not written, residuals go back.
             self.memory.rollback_step()
-            return self._skip(step, bad_ranks, clock, t_compute)
+            return self.skip(step, bad_ranks, clock, t_compute)
         pending.unpack()
         clock.lap("t_unpack", sync=True)
 
-        kept = sum(int(v.numel()) for _, v, _ in payload)
-        sparse_numel = sum(s.layer.numel for s in selections)
+        return self.sent_stats(step, plan, sent, [(layer, int(v.numel())) for layer, v, _ in payload],
+                               dense, pending.bytes_sent, gain_min, gain_c, clock, t_compute,
+                               t_discarded)
+
+    def sent_stats(self, step: int, plan, sent: str, sparse: list[tuple[Layer, int]],
+                   dense: list[Layer], bytes_sent: int, gain_min, gain_c, clock: PhaseClock,
+                   t_compute: float | None, t_discarded: float) -> StepStats:
+        """The record of a step that was sent: ``sparse`` lists (layer, values sent)."""
+        kept = sum(n for _, n in sparse)
+        sparse_numel = sum(layer.numel for layer, _ in sparse)
         dense_numel = sum(l.numel for l in dense)
-        if not selections:
+        if not sparse:
             sent, cf_sent = SENT_DENSE, 1.0    # nothing went sparse this step
         elif sent == SENT_CANDIDATE:
             cf_sent = float(plan.theta_c)
@@ -224,14 +239,14 @@ class StepEngine:
         return StepStats(
             step=step, sent=sent, cf=cf_sent,
             # What really travelled: DGC and RedSync keep about, not exactly, n/θ values.
-            cf_actual=_effective_cf(sparse_numel, kept) if selections else 1.0,
+            cf_actual=_effective_cf(sparse_numel, kept) if sparse else 1.0,
             theta_min=float(plan.theta_min),
             theta_c=None if plan.theta_c is None else float(plan.theta_c),
             gain_min=gain_min, gain_c=gain_c,
-            sparse_layers=len(selections), dense_layers=len(dense), values_sent=kept,
+            sparse_layers=len(sparse), dense_layers=len(dense), values_sent=kept,
             # Values and indices each count as one float (as the paper counts), plus dense.
             floats_sent=2 * kept + dense_numel,
-            dense_floats=sum(l.numel for l in self.layers), bytes_sent=pending.bytes_sent,
+            dense_floats=sum(l.numel for l in self.layers), bytes_sent=bytes_sent,
             t_compute=t_compute, t_compress=clock.local(), t_comm=clock.waits(),
             t_discarded=t_discarded, **clock.times,
             layer_cf=None if plan.layer_cf is None else dict(plan.layer_cf))
@@ -253,16 +268,28 @@ class StepEngine:
     # -- pieces ---------------------------------------------------------------------------
     def _densify_grads(self) -> None:
         for layer in self.layers:
-            grad = layer.param.grad
-            if grad is None:
-                # Every rank must send every layer (another rank may have a gradient for it).
-                layer.param.grad = torch.zeros_like(layer.param)
-            elif grad.is_sparse:
-                # Sparse embedding gradients: compressed or averaged like any other layer
-                # (the optimizer then sees a dense gradient, as with sparse_as_dense).
-                layer.param.grad = grad.to_dense()
+            self.densify_grad(layer)
 
-    def _select(self, layer: Layer, g_ef: torch.Tensor, cf: float, theta_c: float | None,
+    @staticmethod
+    def densify_grad(layer: Layer) -> None:
+        grad = layer.param.grad
+        if grad is None:
+            # Every rank must send every layer (another rank may have a gradient for it).
+            layer.param.grad = torch.zeros_like(layer.param)
+        elif grad.is_sparse:
+            # Sparse embedding gradients: compressed or averaged like any other layer
+            # (the optimizer then sees a dense gradient, as with sparse_as_dense).
+            layer.param.grad = grad.to_dense()
+
+    @staticmethod
+    def has_nonfinite(grads: list[torch.Tensor]) -> bool:
+        return _has_nonfinite(grads)
+
+    @staticmethod
+    def gain_row(sel: _Selection, measure: str) -> torch.Tensor:
+        return gain_row(sel, measure)
+
+    def select(self, layer: Layer, g_ef: torch.Tensor, cf: float, theta_c: float | None,
                 step: int) -> _Selection:
         rank = self.comm.rank
         k_min = num_kept(layer.numel, cf)
@@ -285,22 +312,19 @@ class StepEngine:
         and Σ‖g_c‖/Σ‖g‖, per-layer norms with the raw gradient g (no residual) below, as
         in the authors' code (it may exceed 1). ``local_bad`` (this rank's NaN/Inf flag,
         None when already agreed) rides in the same allreduce."""
-        if measure not in ("energy", "norm"):
-            raise ValueError(f"gain measure must be 'energy' or 'norm', got {measure!r}")
-        if selections:
+        return self.agree_gain_rows([gain_row(s, measure) for s in selections], clock,
+                                     local_bad)
+
+    def agree_gain_rows(self, rows: list[torch.Tensor], clock: PhaseClock | None = None,
+                         local_bad: bool | None = None):
+        """``_agree_gains`` from per-layer rows already measured (``gain_row``)."""
+        if rows:
             # Summed on the gradients' device and moved once: one sync, not one per layer.
-            if measure == "energy":
-                rows = [torch.stack([_sq_norm(s.val_min), _sq_norm(_val_c(s)), _sq_norm(s.g_ef)])
-                        for s in selections]
-            else:
-                rows = [torch.stack([_sq_norm(s.val_min), _sq_norm(_val_c(s)),
-                                     _sq_norm(s.layer.param.grad)]).sqrt()
-                        for s in selections]
             sums = torch.stack(rows).double().sum(0).cpu()
         else:
             sums = torch.zeros(3, dtype=torch.float64)
         if local_bad is not None:
-            sums = torch.cat([sums, self._flags(local_bad)])
+            sums = torch.cat([sums, self.flags(local_bad)])
         if clock is not None:
             clock.lap("t_norms", sync=True)
         sums = self.comm.allreduce(sums, op="sum", name=f"{self.prefix}.gains")
@@ -312,7 +336,7 @@ class StepEngine:
             return 1.0, 1.0, bad_ranks
         return float(sums[0]) / total, float(sums[1]) / total, bad_ranks
 
-    def _flags(self, local_bad: bool) -> torch.Tensor:
+    def flags(self, local_bad: bool) -> torch.Tensor:
         """One entry per rank, 1 at this rank's if its gradient has a NaN or Inf: summed
         over ranks, the entries name the ranks that had one."""
         flags = torch.zeros(self.comm.size, dtype=torch.float64)
@@ -324,11 +348,11 @@ class StepEngine:
         """Ranks whose gradient has a NaN or Inf this step, agreed by one tiny allreduce
         of their own (before anything else of the step)."""
         clock.lap("t_check", sync=True)
-        flags = self.comm.allreduce(self._flags(local_bad), op="sum", name=f"{self.prefix}.finite")
+        flags = self.comm.allreduce(self.flags(local_bad), op="sum", name=f"{self.prefix}.finite")
         clock.lap("t_wait_check", sync=True)
         return _flagged(flags)
 
-    def _skip(self, step: int, bad_ranks: list[int], clock: PhaseClock, t_compute) -> StepStats:
+    def skip(self, step: int, bad_ranks: list[int], clock: PhaseClock, t_compute) -> StepStats:
         self._consecutive_skips += 1
         self.skipped_steps.append({"step": step, "ranks": bad_ranks})
         if self.nonfinite == "raise" or self._consecutive_skips > self.max_consecutive_skips:
@@ -373,6 +397,18 @@ def _has_nonfinite(grads: list[torch.Tensor]) -> bool:
 
 def _flagged(flags: torch.Tensor) -> list[int]:
     return [r for r, f in enumerate(flags.tolist()) if f > 0]
+
+
+def gain_row(s: _Selection, measure: str) -> torch.Tensor:
+    """One layer's part of the compression gains: [‖g_min‖², ‖g_c‖², ‖g_ef‖²] for
+    ``"energy"``, [‖g_min‖, ‖g_c‖, ‖g‖] (raw gradient) for ``"norm"``. Measure it before
+    the residual update, which reuses g_ef's buffer."""
+    if measure == "energy":
+        return torch.stack([_sq_norm(s.val_min), _sq_norm(_val_c(s)), _sq_norm(s.g_ef)])
+    if measure == "norm":
+        return torch.stack([_sq_norm(s.val_min), _sq_norm(_val_c(s)),
+                            _sq_norm(s.layer.param.grad)]).sqrt()
+    raise ValueError(f"gain measure must be 'energy' or 'norm', got {measure!r}")
 
 
 def _sq_norm(t: torch.Tensor) -> torch.Tensor:

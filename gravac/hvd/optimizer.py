@@ -20,7 +20,8 @@ def DistributedOptimizer(optimizer, named_parameters, compressor="topk", control
                          batch_size: int | None = None, process_set=None,
                          name_prefix: str = "gravac", nonfinite: str = "skip",
                          max_consecutive_skips: int = 10, defer_agreement: bool = False,
-                         dense_wire: str = "native", comm=None):
+                         dense_wire: str = "native", overlap: bool = False,
+                         bucket_cap_mb: float = 25.0, backward_passes_per_step: int = 1, comm=None):
     """Wrap a torch optimizer so that ``step()`` averages gradients across Horovod ranks
     with compressed (sparse) communication and error feedback.
 
@@ -52,6 +53,14 @@ def DistributedOptimizer(optimizer, named_parameters, compressor="topk", control
             must issue no collective.
         dense_wire: ``"fp16"`` sends the dense layers as fp16 (Horovod's
             ``Compression.fp16``); ``"native"`` (default) as they are.
+        overlap: start each bucket's compression and exchange from gradient hooks while
+            backward still runs (gravac/engine/overlap.py); ``step()`` then waits for them.
+            The same parameters as without it, bit for bit, for Static and Accordion;
+            GraVAC overlaps its compressed layers with ``GraVAC(decide="previous")`` only.
+        bucket_cap_mb: with ``overlap``, MiB of gradient per bucket (cut in reverse layer
+            order, the same on every rank).
+        backward_passes_per_step: with ``overlap``, backward passes accumulated before the
+            hooks send (gradient accumulation, as Horovod's option of that name).
         comm: a ``gravac.comm.Comm`` to use instead of Horovod (e.g. ``LocalComm()``);
             then ``process_set`` must be None.
 
@@ -83,4 +92,6 @@ def DistributedOptimizer(optimizer, named_parameters, compressor="topk", control
                           compressor_options=compressor_options, batch_size=batch_size,
                           name_prefix=name_prefix, nonfinite=nonfinite,
                           max_consecutive_skips=max_consecutive_skips,
-                          defer_agreement=defer_agreement, dense_wire=dense_wire)
+                          defer_agreement=defer_agreement, dense_wire=dense_wire,
+                          overlap=overlap, bucket_cap_mb=bucket_cap_mb,
+                          backward_passes_per_step=backward_passes_per_step)

@@ -15,7 +15,8 @@ def DistributedOptimizer(optimizer, named_parameters, compressor="topk", control
                          batch_size: int | None = None, group=None,
                          name_prefix: str = "gravac", nonfinite: str = "skip",
                          max_consecutive_skips: int = 10, defer_agreement: bool = False,
-                         dense_wire: str = "native"):
+                         dense_wire: str = "native", overlap: bool = False,
+                         bucket_cap_mb: float = 25.0, backward_passes_per_step: int = 1):
     """Wrap a torch optimizer so that ``step()`` averages gradients across the ranks of a
     torch.distributed process group with compressed communication and error feedback.
 
@@ -44,4 +45,6 @@ def DistributedOptimizer(optimizer, named_parameters, compressor="topk", control
                           compressor_options=compressor_options, batch_size=batch_size,
                           name_prefix=name_prefix, nonfinite=nonfinite,
                           max_consecutive_skips=max_consecutive_skips,
-                          defer_agreement=defer_agreement, dense_wire=dense_wire)
+                          defer_agreement=defer_agreement, dense_wire=dense_wire,
+                          overlap=overlap, bucket_cap_mb=bucket_cap_mb,
+                          backward_passes_per_step=backward_passes_per_step)
