@@ -63,6 +63,16 @@ METHODS: dict[str, tuple[str, list[str]]] = {
     "static_topk_10x": ("static_topk_10x.yaml", []),
     "static_topk_40x": ("static_topk_10x.yaml", ["compression.cf=40"]),
     "static_topk_1000x": ("static_topk_1000x.yaml", []),
+    # Overlap with backward (issue 14, docs/ALGORITHM.md §12): buckets of 1 MiB (the LSTM's
+    # 21.6 MB would be two buckets at the default 25: the output layer, then the rest); "gravac_dense" is gravac's own dense path (CF 1), what GraVAC runs once
+    # settled on dense, against Horovod's and DDP's, which overlap already.
+    "static_topk_40x_overlap": ("static_topk_10x.yaml", ["compression.cf=40",
+                                                        "compression.overlap=true",
+                                                        "compression.bucket_cap_mb=1"]),
+    "gravac_dense": ("static_topk_10x.yaml", ["compression.cf=1"]),
+    "gravac_dense_overlap": ("static_topk_10x.yaml", ["compression.cf=1",
+                                                     "compression.overlap=true",
+                                                     "compression.bucket_cap_mb=1"]),
     # Accordion's intervals are epochs in the paper; here runs are a few hundred steps.
     "accordion": ("{accordion}", ["compression.accordion.interval_steps=25",
                                   "compression.accordion.switch_freq=2"]),
@@ -83,6 +93,14 @@ METHODS: dict[str, tuple[str, list[str]]] = {
                                                  "compression.gravac.settle_dense=true"]),
     # configs/compression/gravac_recommended.yaml (E1-E3 on the paper's set-up), window 25.
     "gravac_recommended": ("gravac_recommended.yaml", ["compression.gravac.window=25"]),
+    # The recommended set-up deciding on the previous step's gains (E7), without and with
+    # overlap: the first isolates the lag's effect on loss, the second adds the overlap.
+    "gravac_previous": ("gravac_recommended.yaml", ["compression.gravac.window=25",
+                                                    "compression.gravac.decide=previous"]),
+    "gravac_previous_overlap": ("gravac_recommended.yaml", ["compression.gravac.window=25",
+                                                            "compression.gravac.decide=previous",
+                                                            "compression.overlap=true",
+                                                            "compression.bucket_cap_mb=1"]),
     # The paper's rule with a lower gain threshold and a faster EWMA: what the LSTM
     # workload, whose gains fall quickly with the CF (~0.6 at 10x), needs to climb.
     "gravac_eps0.3": ("gravac_exp_topk.yaml", ["compression.gravac.window=25",

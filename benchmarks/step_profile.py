@@ -16,7 +16,9 @@ the step to it (issue 17's target: <= 1.5 at a static 40x on the LSTM at 1 Gbit/
         [--backend horovod] [--out runs/benchmarks/step_profile]
 
 Methods are end_to_end.py's (its METHODS table). The timings are rank 0's; both ranks
-run the same phases. Run it on a quiet machine: on 2 cores a second job slows every
+run the same phases. ``--rounds R`` runs the method list R times, interleaved (A B A B ...),
+pools the steps of all rounds and shows each round's median step: this machine's speed
+drifts by ~10-25% within minutes, so one run per method cannot tell a 5% change apart. Run it on a quiet machine: on 2 cores a second job slows every
 memory-bound phase. Writes profile.md and profile.json under --out.
 """
 from __future__ import annotations
@@ -82,16 +84,18 @@ def table(results: dict[str, dict], title: str) -> str:
               [("= waits", "t_comm"), ("update", "t_update"), ("step", "t_iter")]
     lines = [f"### {title} (ms, medians)", "",
              "| method | CF | " + " | ".join(c for c, _ in columns) +
-             " | MB sent | floor | step / floor |",
-             "|---|---:|" + "---:|" * (len(columns) + 3)]
+             " | MB sent | floor | step / floor | rounds |",
+             "|---|---:|" + "---:|" * (len(columns) + 3) + "---|"]
     for name, r in results.items():
         cells = ["—" if r.get(key) is None else f"{r[key]:.1f}" for _, key in columns]
         floor = f"{r['floor_ms']:.1f}" if r.get("floor_ms") else "—"
         ratio = f"{r['step_over_floor']:.2f}" if r.get("step_over_floor") else "—"
+        rounds = r.get("t_iter_rounds") or []
+        spread = " / ".join(f"{t:.1f}" for t in rounds) if len(rounds) > 1 else "—"
         lines.append(f"| {name} | {r['cf']:g} | " + " | ".join(cells) +
-                     f" | {r['bytes_sent'] / 1e6:.2f} | {floor} | {ratio} |")
+                     f" | {r['bytes_sent'] / 1e6:.2f} | {floor} | {ratio} | {spread} |")
     lines += ["", "floor = compute + 2 x (bytes a rank sent) / link rate (both ranks' "
-              "traffic shares the sandbox's one link)."]
+              "traffic shares the sandbox's one link); rounds: each round's median step."]
     return "\n".join(lines)
 
 
@@ -108,19 +112,32 @@ def main() -> int:
     parser.add_argument("--np", type=int, default=2)
     parser.add_argument("--backend", default="horovod", choices=BACKENDS)
     parser.add_argument("--out", type=Path, default=REPO / "runs/benchmarks/step_profile")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run the methods this many times, interleaved, and pool the steps")
     parser.add_argument("--set", dest="extra", action="append", default=[],
                         help="extra config override for every run (key=value)")
     args = parser.parse_args()
     if args.steps <= args.warmup:
         parser.error(f"--steps ({args.steps}) must exceed --warmup ({args.warmup})")
     rate_bps = bits_per_second(args.rate)
+    if args.rounds < 1:
+        parser.error(f"--rounds must be >= 1, got {args.rounds}")
+    pooled: dict[str, list] = {m: [] for m in args.methods}
+    per_round: dict[str, list] = {m: [] for m in args.methods}
+    for round_ in range(args.rounds):
+        out = args.out if args.rounds == 1 else args.out / f"round{round_ + 1}"
+        for method in args.methods:
+            run_dir = run_one(method, args.rate, args.steps, out, args.np, args.extra,
+                              args.workload, args.backend, sandbox=rate_bps is not None)
+            records = [json.loads(line)
+                       for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+            steps = [r for r in records if r["kind"] == "step"]
+            pooled[method] += steps
+            per_round[method].append(profile(steps, args.warmup, rate_bps, args.np)["t_iter"])
     results = {}
     for method in args.methods:
-        run_dir = run_one(method, args.rate, args.steps, args.out, args.np, args.extra,
-                          args.workload, args.backend, sandbox=rate_bps is not None)
-        records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-        results[method] = profile([r for r in records if r["kind"] == "step"], args.warmup,
-                                  rate_bps, args.np)
+        results[method] = profile(pooled[method], args.warmup, rate_bps, args.np)
+        results[method]["t_iter_rounds"] = per_round[method]
     text = table(results, f"{args.workload}, {args.np} ranks, {args.backend}, link {args.rate}, "
                           f"steps {args.warmup}-{args.steps}")
     print(text)

@@ -34,7 +34,7 @@ Extensions, each opt-in and measured in docs/BENCHMARKS.md (docs/ALGORITHM.md §
 * ``warmup_windows=W``: the first W windows run at θmin only (the paper: none).
 * ``gain_measure="norm"``: Σ‖g_c‖ / Σ‖g‖ (the authors' public code) instead of the energy
   ratio Σ‖g_c‖² / Σ‖g_ef‖² of Algorithm 1; the optimizer measures it (``StepPlan``).
-* ``decide="previous"`` (E4): a step sends the level that the smoothed gains agreed up to
+* ``decide="previous"`` (E7): a step sends the level that the smoothed gains agreed up to
   the previous step choose (the same rule: δc ≥ ε, else δmin ≥ ε, else dense; dense on the
   very first step, before any gain was measured), announced in the plan
   (``StepPlan.decided``) so that the optimizer can send each layer as soon as backward
@@ -52,7 +52,7 @@ from .base import (GAIN_MEASURES, SENT_CANDIDATE, SENT_DENSE, SENT_MIN, Controll
 from .ladder import POLICIES, build_ladder, next_rung
 
 SCALE_UP_RULES = ("gain", "epsilon")
-#: Which gains decide what a step sends: this step's (Algorithm 1) or the previous step's (E4).
+#: Which gains decide what a step sends: this step's (Algorithm 1) or the previous step's (E7).
 DECIDE_RULES = ("current", "previous")
 
 
@@ -85,7 +85,7 @@ class GraVAC(Controller):
             the ladder again (>= 1).
         decide: ``"current"`` (the paper: this step's agreed gains decide what it sends)
             or ``"previous"`` (the smoothed gains up to the previous step decide, so the
-            level is known before backward; extension E4).
+            level is known before backward; extension E7).
 
     Example::
 

@@ -168,6 +168,11 @@ class CompressionConfig:
     # A NaN/Inf gradient on any rank: "skip" the step on every rank, or "raise" (stop).
     nonfinite: str = "skip"
     max_consecutive_skips: int = 10
+    # Start each bucket's compression and exchange from gradient hooks during backward
+    # (gravac/engine/overlap.py); the same parameters as without it, bit for bit, except
+    # that GraVAC's compressed layers overlap only with gravac.decide=previous.
+    overlap: bool = False
+    bucket_cap_mb: float = 25.0
     gravac: GraVACConfig = field(default_factory=GraVACConfig)
     accordion: AccordionConfig = field(default_factory=AccordionConfig)
 
@@ -457,6 +462,15 @@ def validate(cfg: Config) -> None:
              "first two iterations)")
     _require(c.min_compress_numel >= 1, "compression.min_compress_numel", c.min_compress_numel,
              "must be >= 1")
+    _require(isinstance(c.overlap, bool), "compression.overlap", c.overlap, "must be true or false")
+    _require(not c.overlap or c.controller != "dense", "compression.overlap", c.overlap,
+             "applies to gravac's optimizer; controller=dense is plain Horovod or DDP, which "
+             "overlap already (for gravac's dense path use controller: static with cf: 1)")
+    _require(not c.overlap or c.compressor != "powersgd", "compression.overlap", c.overlap,
+             "takes a sparsifier: PowerSGD's rounds (P, then Q) run in step(); set it false")
+    _require(not isinstance(c.bucket_cap_mb, bool) and isinstance(c.bucket_cap_mb, (int, float))
+             and c.bucket_cap_mb > 0, "compression.bucket_cap_mb", c.bucket_cap_mb,
+             "must be a number > 0 (MiB of gradient per overlapped bucket)")
     _require(c.nonfinite in ("skip", "raise"), "compression.nonfinite", c.nonfinite,
              "must be skip (skip the step on every rank) or raise (stop the run)")
     _require(c.max_consecutive_skips >= 0, "compression.max_consecutive_skips",

@@ -73,7 +73,9 @@ def build_optimizer(cfg: Config, model: torch.nn.Module, comm: Comm,
                           max_consecutive_skips=c.max_consecutive_skips,
                           defer_agreement=defer_agreement,
                           dense_wire="fp16" if dense and c.horovod_compression == "fp16"
-                          else "native")
+                          else "native",
+                          **({"overlap": True, "bucket_cap_mb": float(c.bucket_cap_mb)}
+                             if c.overlap else {}))
 
 
 def build_sgd(o, model: torch.nn.Module) -> torch.optim.SGD:

@@ -31,6 +31,7 @@ MAY_CHANGE = (
     "data.root",                                         # the same data, moved
     "data.eval_batch_size",
     "optimizer.implementation",                          # the same update, another kernel
+    "compression.overlap", "compression.bucket_cap_mb",  # the same step, started earlier
 )
 
 

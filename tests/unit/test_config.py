@@ -66,6 +66,15 @@ def test_set_parses_yaml_values_without_eval():
      "compression.compressor='none': compression.controller=gravac needs a sparsifier"),
     (["run.steps=5", "compression.controller=accordion", "compression.compressor=none"],
      "compression.controller=accordion needs a sparsifier"),
+    # issue 14: overlap with backward
+    (["run.steps=5", "compression.controller=dense", "compression.overlap=true"],
+     "compression.overlap=True: applies to gravac's optimizer"),
+    (["run.steps=5", "compression.controller=static", "compression.compressor=powersgd",
+      "compression.rank=2", "compression.overlap=true"], "PowerSGD's rounds"),
+    (["run.steps=5", "compression.overlap=true", "compression.bucket_cap_mb=0"],
+     r"compression.bucket_cap_mb=0.0: must be a number > 0"),
+    (["run.steps=5", "compression.controller=gravac", "compression.gravac.decide=later"],
+     "decide"),
 ])
 def test_errors_name_key_value_and_what_is_allowed(overrides, message):
     with pytest.raises(ConfigError, match=message):
