@@ -28,6 +28,30 @@ class SelectContext(NamedTuple):
     level: int = 0
 
 
+_MASK64 = (1 << 64) - 1
+
+
+def mix_seed(*values: int) -> int:
+    """Deterministic 63-bit seed from integers (splitmix64 finaliser over a running hash)."""
+    h = 0x9E3779B97F4A7C15
+    for v in values:
+        h = (h ^ (int(v) & _MASK64)) & _MASK64
+        h = (h * 0xBF58476D1CE4E5B9) & _MASK64
+        h ^= h >> 31
+        h = (h * 0x94D049BB133111EB) & _MASK64
+        h ^= h >> 29
+    return h & ((1 << 63) - 1)
+
+
+def sample_generator(seed: int, ctx: SelectContext) -> torch.Generator:
+    """The generator of one ``select`` call's threshold sample, seeded from where the call
+    happens (step, layer, level, rank), not from how many calls came before: the samples,
+    and so the picks among tied magnitudes, do not depend on the order layers are
+    compressed in (backward's order with overlap, forward's without)."""
+    return torch.Generator().manual_seed(mix_seed(seed, ctx.step, ctx.layer, ctx.level,
+                                                  ctx.rank))
+
+
 def num_kept(n: int, cf: float) -> int:
     """Elements kept from ``n`` at compression factor ``cf``: ``max(1, ceil(n / cf))``.
 
@@ -137,14 +161,13 @@ class Compressor(ABC):
                 **{k: v for k, v in sorted(vars(self).items()) if not k.startswith("_")}}
 
     def state_dict(self) -> dict:
-        """The private sampling generator's state, so a resumed run draws the same samples."""
-        gen = getattr(self, "_generator", None)
-        return {} if gen is None else {"generator": gen.get_state()}
+        """Nothing by default: samples are seeded per call (``sample_generator``), so a
+        resumed run draws the same ones without saving a generator."""
+        return {}
 
     def load_state_dict(self, state: dict) -> None:
-        gen = getattr(self, "_generator", None)
-        if gen is not None and state.get("generator") is not None:
-            gen.set_state(state["generator"])
+        """Accepts any earlier state (checkpoints before per-call seeding held a
+        generator state, now not needed)."""
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"

@@ -13,7 +13,8 @@ import math
 
 import torch
 
-from .base import Compressor, SelectContext, exact_topk, kth_largest, sample_magnitudes
+from .base import (Compressor, SelectContext, exact_topk, kth_largest, sample_generator,
+                   sample_magnitudes)
 
 
 class DGC(Compressor):
@@ -23,7 +24,8 @@ class DGC(Compressor):
         sample_fraction: fraction of entries sampled (DGC uses 1%).
         tolerance: accepted relative deviation of the count from k (0.3: [0.7k, 1.3k]).
         max_retries: threshold re-estimations before trimming / falling back.
-        seed: seed of the private sampling generator.
+        seed: base seed of the threshold samples (each call seeds from it and the call's
+            step, layer, level and rank: ``sample_generator``).
 
     Example::
 
@@ -43,7 +45,7 @@ class DGC(Compressor):
         self.sample_fraction = sample_fraction
         self.tolerance = tolerance
         self.max_retries = int(max_retries)
-        self._generator = torch.Generator().manual_seed(seed)
+        self._seed = int(seed)
 
     def count_bounds(self, k: int, n: int) -> tuple[int, int]:
         k = min(k, n)
@@ -54,7 +56,7 @@ class DGC(Compressor):
         n = ax.numel()
         # Enough samples that the sample's own top-k holds several entries.
         s = min(n, max(math.ceil(n * self.sample_fraction), math.ceil(8 * n / k)))
-        sample = sample_magnitudes(ax, s, self._generator)
+        sample = sample_magnitudes(ax, s, sample_generator(self._seed, ctx))
         rank = math.ceil(k * s / n)
         low, high = (1 - self.tolerance) * k, (1 + self.tolerance) * k
         threshold = kth_largest(sample, rank)

@@ -29,8 +29,7 @@ import zlib
 
 import torch
 
-from .base import Compressor, SelectContext
-from .randomk import _mix
+from .base import Compressor, SelectContext, mix_seed
 
 
 def matrix_shape(shape) -> tuple[int, int]:
@@ -169,7 +168,7 @@ class PowerSGD(Compressor):
     # -- warm-start Q ---------------------------------------------------------------------
     def _column_seed(self, name: str, j: int) -> int:
         # crc32, not hash(): Python salts str hashes per process, ranks must agree.
-        return _mix(self.seed, zlib.crc32(name.encode("utf-8")), j)
+        return mix_seed(self.seed, zlib.crc32(name.encode("utf-8")), j)
 
     def warm_start(self, name: str, cols: int, rank: int, like: torch.Tensor) -> torch.Tensor:
         """Layer ``name``'s Q (cols x rank, ``compute_dtype`` on ``like``'s device), a view

@@ -8,21 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import Compressor, SelectContext
-
-_MASK64 = (1 << 64) - 1
-
-
-def _mix(*values: int) -> int:
-    """Deterministic 63-bit seed from integers (splitmix64 finaliser over a running hash)."""
-    h = 0x9E3779B97F4A7C15
-    for v in values:
-        h = (h ^ (int(v) & _MASK64)) & _MASK64
-        h = (h * 0xBF58476D1CE4E5B9) & _MASK64
-        h ^= h >> 31
-        h = (h * 0x94D049BB133111EB) & _MASK64
-        h ^= h >> 29
-    return h & ((1 << 63) - 1)
+from .base import Compressor, SelectContext, mix_seed
 
 
 class RandomK(Compressor):
@@ -68,7 +54,7 @@ class RandomK(Compressor):
     def _select(self, x: torch.Tensor, k: int, ctx: SelectContext) -> torch.Tensor:
         n = x.numel()
         rank = 0 if self.same_across_ranks else ctx.rank + 1
-        g = torch.Generator().manual_seed(_mix(self.seed, ctx.step, ctx.layer, ctx.level, rank))
+        g = torch.Generator().manual_seed(mix_seed(self.seed, ctx.step, ctx.layer, ctx.level, rank))
         if 32 * k >= n:
             # Dense-ish draws: mark a bitmap instead of sorting k random integers. For
             # k > n/2 draw the n - k entries to leave out (CF 1.5 keeps two thirds).

@@ -14,7 +14,7 @@ import math
 
 import torch
 
-from .base import Compressor, SelectContext, sample_magnitudes
+from .base import Compressor, SelectContext, sample_generator, sample_magnitudes
 
 
 class RedSync(Compressor):
@@ -24,7 +24,8 @@ class RedSync(Compressor):
         max_iters: full-tensor counts allowed in the search.
         min_interval: the search stops when the r-interval is this small.
         sample_fraction, min_sample: size of the sample searched first.
-        seed: seed of the private sampling generator.
+        seed: base seed of the threshold samples (each call seeds from it and the call's
+            step, layer, level and rank: ``sample_generator``).
 
     Example::
 
@@ -43,7 +44,7 @@ class RedSync(Compressor):
         self.min_interval = float(min_interval)
         self.sample_fraction = sample_fraction
         self.min_sample = int(min_sample)
-        self._generator = torch.Generator().manual_seed(seed)
+        self._seed = int(seed)
 
     def count_bounds(self, k: int, n: int) -> tuple[int, int]:
         k = min(k, n)
@@ -76,7 +77,7 @@ class RedSync(Compressor):
         lo, hi = 0.0, 1.0
         s = min(n, max(self.min_sample, math.ceil(n * self.sample_fraction), math.ceil(32 * n / k)))
         if s < n:
-            sample = sample_magnitudes(ax, s, self._generator)
+            sample = sample_magnitudes(ax, s, sample_generator(self._seed, ctx))
             scale = s / n
             # Aim the sample at the middle of the band (in log terms, at k).
             r, _, _, _ = self._search(sample, mean, spread, max(1.0, 0.7 * k * scale),

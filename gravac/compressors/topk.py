@@ -15,7 +15,8 @@ import math
 
 import torch
 
-from .base import Compressor, SelectContext, exact_topk, kth_largest, sample_magnitudes
+from .base import (Compressor, SelectContext, exact_topk, kth_largest, sample_generator,
+                   sample_magnitudes)
 
 
 class TopK(Compressor):
@@ -42,7 +43,7 @@ class TopK(Compressor):
         self.sample_fraction = sample_fraction
         self.min_sample = int(min_sample)
         self.direct_below = int(direct_below)
-        self._generator = torch.Generator().manual_seed(seed)
+        self._seed = int(seed)
 
     def _select(self, x: torch.Tensor, k: int, ctx: SelectContext) -> torch.Tensor:
         n = x.numel()
@@ -54,7 +55,7 @@ class TopK(Compressor):
         s = min(n, max(self.min_sample, math.ceil(n * self.sample_fraction)))
         # The sample's magnitudes only: |x| of the whole tensor is needed only when the
         # threshold is above zero.
-        sample = sample_magnitudes(x, s, self._generator).abs()
+        sample = sample_magnitudes(x, s, sample_generator(self._seed, ctx)).abs()
         # The number of sample entries at or above the true k-th largest magnitude is
         # Binomial(s, k/n). Taking the threshold at that mean plus 4 standard deviations
         # (+2) leaves at least k candidates except with probability ~3e-5 (then the
