@@ -97,12 +97,17 @@ class Comm(ABC):
         """
 
     @abstractmethod
-    def allgather_bytes_async(self, buffer: torch.Tensor, name: str) -> Handle:
+    def allgather_bytes_async(self, buffer: torch.Tensor, name: str,
+                              same_size: bool = False) -> Handle:
         """Start an allgather of a 1-D uint8 ``buffer`` whose length may differ per rank
-        (even 0); ``wait()`` gives every rank's buffer concatenated in rank order."""
+        (even 0); ``wait()`` gives every rank's buffer concatenated in rank order.
+        ``same_size=True`` promises every rank's buffer has this one's length (the caller
+        knows: e.g. Top-k sends exactly k values per layer), which spares transports that
+        need one size everywhere (torch.distributed) a blocking round to learn the sizes."""
 
-    def allgather_bytes(self, buffer: torch.Tensor, name: str) -> torch.Tensor:
-        return self.allgather_bytes_async(buffer, name).wait()
+    def allgather_bytes(self, buffer: torch.Tensor, name: str,
+                        same_size: bool = False) -> torch.Tensor:
+        return self.allgather_bytes_async(buffer, name, same_size).wait()
 
     @abstractmethod
     def broadcast_(self, tensor: torch.Tensor, root: int, name: str) -> None:

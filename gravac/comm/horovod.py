@@ -61,7 +61,8 @@ class HorovodComm(Comm):
             return tensors
         return _HorovodHandle(handle, copy_back)
 
-    def allgather_bytes_async(self, buffer, name) -> Handle:
+    def allgather_bytes_async(self, buffer, name, same_size=False) -> Handle:
+        # Horovod's allgather negotiates sizes in its own coordination round anyway.
         if buffer.dtype != torch.uint8 or buffer.dim() != 1:
             raise ValueError("allgather_bytes takes a 1-D uint8 tensor")
         return _HorovodHandle(hvd.allgather_async(buffer, name=name, process_set=self.process_set))

@@ -95,14 +95,18 @@ class TorchDistComm(Comm):
             return tensors
         return _Work(work, finish)
 
-    def allgather_bytes_async(self, buffer, name) -> Handle:
+    def allgather_bytes_async(self, buffer, name, same_size=False) -> Handle:
         if buffer.dtype != torch.uint8 or buffer.dim() != 1:
             raise ValueError("allgather_bytes takes a 1-D uint8 tensor")
-        # Collectives need one size everywhere: exchange sizes, pad to the largest.
-        mine = torch.tensor([buffer.numel()], dtype=torch.int64, device=self._wire_device)
-        sizes = [torch.zeros_like(mine) for _ in range(self._size)]
-        dist.all_gather(sizes, mine, group=self.group)
-        sizes = [int(s.item()) for s in sizes]
+        if same_size:
+            sizes = [buffer.numel()] * self._size       # the caller's promise
+        else:
+            # Collectives need one size everywhere: exchange sizes (a blocking round),
+            # pad to the largest.
+            mine = torch.tensor([buffer.numel()], dtype=torch.int64, device=self._wire_device)
+            gathered = [torch.zeros_like(mine) for _ in range(self._size)]
+            dist.all_gather(gathered, mine, group=self.group)
+            sizes = [int(s.item()) for s in gathered]
         longest = max(sizes)
         if longest == 0:
             return Done(torch.zeros(0, dtype=torch.uint8, device=buffer.device))

@@ -84,6 +84,9 @@ class Compressor(ABC):
     is_dense = False
     #: True for low-rank compressors (PowerSGD): no select(); the engine's low-rank path.
     is_lowrank = False
+    #: ``select(x, k)`` returns exactly min(k, n) indices (``count_bounds`` is (k, k)), so
+    #: every rank's sparse buffer has the same size and the allgather needs no size round.
+    exact_count = True
 
     def select(self, x: torch.Tensor, k: int, ctx: SelectContext | None = None) -> torch.Tensor:
         if x.dim() != 1:

@@ -33,6 +33,7 @@ class RedSync(Compressor):
     """
 
     name = "redsync"
+    exact_count = False       # about k: counts differ per rank
 
     def __init__(self, max_iters: int = 12, min_interval: float = 1e-7,
                  sample_fraction: float = 0.01, min_sample: int = 10_000, seed: int = 0):

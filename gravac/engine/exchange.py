@@ -86,15 +86,19 @@ class AllgatherExchange:
         buffer, ctx = codec.pack([(values, indices) for _, values, indices in sparse])
         return [layer for layer, _, _ in sparse], codec, ctx, buffer
 
-    def start(self, packed, dense: Sequence[Layer], tag: str = "") -> PendingExchange:
+    def start(self, packed, dense: Sequence[Layer], tag: str = "",
+              same_size: bool = False) -> PendingExchange:
         """Start the allgather of ``packed`` (from ``pack``) and the dense reductions.
         ``tag`` ends the collectives' names: exchanges in flight at once (the buckets of
-        an overlapped step) need different ones."""
+        an overlapped step) need different ones. ``same_size``: every rank packed the same
+        number of values per layer (an exact-count compressor), so the buffers' sizes are
+        equal and need not be exchanged first."""
         gather = sparse_layers = codec = ctx = None
         nbytes = 0
         if packed is not None:
             sparse_layers, codec, ctx, buffer = packed
-            gather = self.comm.allgather_bytes_async(buffer, name=f"{self.prefix}.sparse{tag}")
+            gather = self.comm.allgather_bytes_async(buffer, name=f"{self.prefix}.sparse{tag}",
+                                                     same_size=same_size)
             nbytes += buffer.numel()
         reductions = []
         # One grouped allreduce per dtype (fp32 and fp64 cannot share a fused buffer), in a

@@ -246,7 +246,8 @@ class BackwardOverlap:
         state.dense.extend(dense)
         if packed is None and not dense:
             return                       # the same on every rank: the plan decides it
-        pending = exchange.start(packed, dense, tag=tag)
+        pending = exchange.start(packed, dense, tag=tag,
+                                 same_size=self.engine.compressor.exact_count)
         state.pendings.append(pending)
         state.bytes_sent += pending.bytes_sent
 

@@ -200,7 +200,7 @@ class StepEngine:
         clock.lap("t_residual")
         packed = self.exchange.pack(payload)
         clock.lap("t_pack", sync=True)
-        pending = self.exchange.start(packed, dense)
+        pending = self.exchange.start(packed, dense, same_size=self.compressor.exact_count)
         flags = None
         if local_bad is not None:
             # Started with the exchange: one more tiny allreduce in the same round.

@@ -40,6 +40,13 @@ def test_allgather_bytes_takes_a_different_size_per_rank_even_zero(rank, size):
     assert empty.numel() == 0 and empty.dtype == torch.uint8
 
 
+def test_allgather_bytes_of_promised_equal_sizes(rank, size):
+    mine = torch.full((5,), rank + 1, dtype=torch.uint8)
+    gathered = COMM.allgather_bytes(mine, name="t.same", same_size=True)
+    assert torch.equal(gathered, torch.cat([torch.full((5,), r + 1, dtype=torch.uint8)
+                                            for r in range(size)]))
+
+
 def test_async_collectives_overlap_and_complete_in_any_wait_order(rank, size):
     a = COMM.allgather_bytes_async(torch.full((rank + 1,), rank, dtype=torch.uint8), name="t.a")
     b = COMM.allreduce_async(torch.tensor([1.0]), op="sum", name="t.b")

@@ -33,6 +33,28 @@ def test_contract_and_count_bounds(name, dtype, n, cf):
     assert low <= idx.numel() <= high, (name, n, cf, idx.numel(), (low, high))
 
 
+@pytest.mark.parametrize("name", NAMES)
+def test_exact_count_is_a_promise_the_selection_keeps(name):
+    """``exact_count`` lets the sparse allgather skip its size round (torch.distributed):
+    a compressor that claims it must return exactly min(k, n) indices, also on zeros,
+    ties and half precision; DGC and RedSync (about k) must not claim it."""
+    comp = compressors.get(name)
+    assert comp.exact_count == (name not in ("dgc", "redsync"))
+    if not comp.exact_count or comp.is_dense:
+        return
+    g = torch.Generator().manual_seed(5)
+    inputs = [torch.randn(200_000, generator=g), torch.zeros(100_000),
+              torch.ones(70_000), torch.randn(300_000, generator=g).round(),
+              torch.randn(90_000, generator=g).to(torch.float16)]
+    for x in inputs:
+        for cf in (1, 1.5, 10, 1000):
+            k = num_kept(x.numel(), cf)
+            for level in (0, 1):
+                idx = comp.select(x, k, SelectContext(step=2, layer=3, level=level))
+                assert idx.numel() == k, (name, x.numel(), cf)
+                assert comp.count_bounds(k, x.numel()) == (k, k)
+
+
 @pytest.mark.parametrize("n", [1, 5, 1000, 65_536, 65_537, 200_000, 1_000_000])
 @pytest.mark.parametrize("cf", [1, 2, 10, 100, 1000, 10**7])
 @pytest.mark.parametrize("dtype", DTYPES)

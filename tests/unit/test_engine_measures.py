@@ -208,8 +208,8 @@ class _SlowComm(LocalComm):
     def allreduce_async(self, tensor, op, name):
         return self._late(super().allreduce_async(tensor, op, name))
 
-    def allgather_bytes_async(self, buffer, name):
-        return self._late(super().allgather_bytes_async(buffer, name))
+    def allgather_bytes_async(self, buffer, name, same_size=False):
+        return self._late(super().allgather_bytes_async(buffer, name, same_size))
 
 
 def _controller(kind):
@@ -285,8 +285,8 @@ class _RecordingComm(LocalComm):
     def allreduce_async(self, tensor, op, name):
         return self._logged(super().allreduce_async(tensor, op, name), name)
 
-    def allgather_bytes_async(self, buffer, name):
-        return self._logged(super().allgather_bytes_async(buffer, name), name)
+    def allgather_bytes_async(self, buffer, name, same_size=False):
+        return self._logged(super().allgather_bytes_async(buffer, name, same_size), name)
 
     def grouped_allreduce_async_(self, tensors, op, name):
         return self._logged(super().grouped_allreduce_async_(tensors, op, name), name)

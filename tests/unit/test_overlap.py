@@ -41,9 +41,9 @@ class _RecordingComm(LocalComm):
         self.started.append(name)
         return super().allreduce_async(tensor, op, name)
 
-    def allgather_bytes_async(self, buffer, name):
+    def allgather_bytes_async(self, buffer, name, same_size=False):
         self.started.append(name)
-        return super().allgather_bytes_async(buffer, name)
+        return super().allgather_bytes_async(buffer, name, same_size)
 
     def grouped_allreduce_async_(self, tensors, op, name):
         self.started.append(name)
