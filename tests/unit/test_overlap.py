@@ -356,3 +356,16 @@ def test_sampling_compressors_give_the_same_picks_in_backward_order(compressor):
     _train(plain_model, plain, 8)
     _train(over_model, over, 8)
     _assert_same(plain_model, over_model)
+
+
+def test_an_elastic_reset_mid_step_forgets_the_half_done_step():
+    """A worker failing inside backward (a collective raises in a hook) leaves a step
+    begun; reset_world (Horovod Elastic's restore) must start the next one clean."""
+    model, opt = _make(CONTROLLERS["static"], overlap=True, bucket_cap_mb=0.01)
+    x, y = _batch(0)
+    F.cross_entropy(model(x), y).backward()
+    assert opt._engine.overlap.active
+    opt.reset_world(LocalComm())
+    assert not opt._engine.overlap.active
+    _train(model, opt, 2)                       # counts restart: no "computed twice"
+    assert opt.last_stats.sent == "min"
