@@ -287,7 +287,8 @@ def main() -> int:
             print("\n" + sections[-1] + "\n", flush=True)
             where = args.out / rate / backend
             subprocess.call([str(REPO / ".venv/bin/python"), "-m", "gravac.report",
-                             *[str(where / m) for m in methods], "--baseline", str(where / "dense"),
+                             *[str(where / m) for m in results],    # skipped ones left out
+                             "--baseline", str(where / "dense"),
                              "--out", str(where / "report")], cwd=REPO, stdout=subprocess.DEVNULL)
         if len(by_backend) == 2:
             sections.append(backend_table(rate, by_backend))
