@@ -201,17 +201,11 @@ class BackwardOverlap:
             clock.lap("t_control")
         payload, dense = [], []
         for layer in layers:
-            cf = plan.cf_of(layer.name) if layer.compressible else 1.0
-            if cf <= 1:
-                if layer.compressible:
-                    e.memory.flush_into(layer.name, layer.param.grad)
+            sel = e.feed_and_select(layer, plan, state.step, clock) if layer.compressible \
+                else None
+            if sel is None:
                 dense.append(layer)
-                clock.lap("t_feedback")
                 continue
-            g_ef = e.memory.compensate(layer.name, layer.param.grad)
-            clock.lap("t_feedback")
-            sel = e.select(layer, g_ef, cf, plan.theta_c, state.step)
-            clock.lap("t_select")
             state.selected += 1
             state.all_candidate &= sel.val_c is not None
             if plan.needs_gains:

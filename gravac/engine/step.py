@@ -152,18 +152,11 @@ class StepEngine:
         for layer in self.layers:
             if not layer.compressible:
                 continue
-            cf = plan.cf_of(layer.name)
-            if cf <= 1:
-                # Planned dense: the gradient absorbs the residual (free when it is already
-                # zero, e.g. GraVAC settled on dense on a fast link: no extra passes).
-                self.memory.flush_into(layer.name, layer.param.grad)
+            sel = self.feed_and_select(layer, plan, step, clock)
+            if sel is None:
                 dense.append(layer)
-                clock.lap("t_feedback")
-                continue
-            g_ef = self.memory.compensate(layer.name, layer.param.grad)
-            clock.lap("t_feedback")
-            selections.append(self.select(layer, g_ef, cf, plan.theta_c, step))
-            clock.lap("t_select")
+            else:
+                selections.append(sel)
 
         gain_min = gain_c = None
         if plan.needs_gains:
@@ -288,6 +281,22 @@ class StepEngine:
     @staticmethod
     def gain_row(sel: _Selection, measure: str) -> torch.Tensor:
         return gain_row(sel, measure)
+
+    def feed_and_select(self, layer: Layer, plan, step: int,
+                        clock: PhaseClock) -> _Selection | None:
+        """Error feedback and both levels' selection of one compressible layer at the
+        plan's CF; None when the plan sends it dense (its gradient then absorbed the
+        residual: free when that is zero, e.g. GraVAC settled on dense on a fast link)."""
+        cf = plan.cf_of(layer.name)
+        if cf <= 1:
+            self.memory.flush_into(layer.name, layer.param.grad)
+            clock.lap("t_feedback")
+            return None
+        g_ef = self.memory.compensate(layer.name, layer.param.grad)
+        clock.lap("t_feedback")
+        sel = self.select(layer, g_ef, cf, plan.theta_c, step)
+        clock.lap("t_select")
+        return sel
 
     def select(self, layer: Layer, g_ef: torch.Tensor, cf: float, theta_c: float | None,
                 step: int) -> _Selection:
