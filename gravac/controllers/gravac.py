@@ -362,10 +362,11 @@ class GraVAC(Controller):
         mine, theirs = self.describe(), state.get("hyper", {})
         if theirs:
             # States saved before an option existed ran with what the code then did: a
-            # warm-up window and a permanent settling that included dense.
+            # warm-up window and a permanent settling that included dense; the paper's
+            # decision on the step's own gains.
             theirs = {"dense_probe_steps": 0, "scale_up": "gain", "gain_measure": "energy",
                       "warmup_windows": 1, "settle_dense": "permanent (before issue 11)",
-                      "dense_reprobe": None, **theirs}
+                      "dense_reprobe": None, "decide": "current", **theirs}
         if theirs and theirs != mine:
             diff = {k: (theirs.get(k), mine.get(k)) for k in mine if theirs.get(k) != mine.get(k)}
             raise ValueError(f"GraVAC state was saved with other hyperparameters "

@@ -147,6 +147,15 @@ class DistributedOptimizerMixin:
         self._should_synchronize = True
         self._context = None
 
+    def remove_hooks(self) -> None:
+        """Detach the backward hooks of ``overlap=True`` (before wrapping the same model
+        in another optimizer); ``step()`` then does the whole step itself."""
+        if self._engine.overlap is not None:
+            if self._engine.overlap.active:
+                raise RuntimeError("a step is in flight (backward ran): call step() first")
+            self._engine.overlap.remove_hooks()
+            self._engine.overlap = None
+
     @contextmanager
     def skip_synchronize(self):
         """Use after calling ``synchronize()`` yourself (e.g. to clip gradients)::

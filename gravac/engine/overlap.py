@@ -123,8 +123,17 @@ class BackwardOverlap:
         self._layer_of = {id(l.param): l for l in engine.layers}
         self._passes = [0] * len(engine.layers)
         self._state: _StepState | None = None
+        for layer in engine.layers:
+            owner = getattr(layer.param, "_gravac_overlap", None)
+            if owner is not None and owner is not self:
+                # Both would start collectives from backward: a second set nobody waits for.
+                raise ValueError(f"parameter {layer.name} already has the backward hooks of "
+                                 "another overlapped gravac optimizer; call its "
+                                 "remove_hooks() before wrapping the model again")
         self._handles = [l.param.register_post_accumulate_grad_hook(self._on_grad)
                          for l in engine.layers]
+        for layer in engine.layers:
+            layer.param._gravac_overlap = self
 
     @property
     def active(self) -> bool:
@@ -135,6 +144,9 @@ class BackwardOverlap:
         for handle in self._handles:
             handle.remove()
         self._handles = []
+        for layer in self.engine.layers:
+            if getattr(layer.param, "_gravac_overlap", None) is self:
+                del layer.param._gravac_overlap
 
     def reset(self) -> None:
         """Forget a step left half-done (an elastic reset: its collectives are gone)."""

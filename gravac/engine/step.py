@@ -209,9 +209,9 @@ class StepEngine:
         pending.unpack()
         clock.lap("t_unpack", sync=True)
 
-        return self.sent_stats(step, plan, sent, [(layer, int(v.numel())) for layer, v, _ in payload],
-                               dense, pending.bytes_sent, gain_min, gain_c, clock, t_compute,
-                               t_discarded)
+        sparse = [(layer, int(v.numel())) for layer, v, _ in payload]
+        return self.sent_stats(step, plan, sent, sparse, dense, pending.bytes_sent, gain_min,
+                               gain_c, clock, t_compute, t_discarded)
 
     def sent_stats(self, step: int, plan, sent: str, sparse: list[tuple[Layer, int]],
                    dense: list[Layer], bytes_sent: int, gain_min, gain_c, clock: PhaseClock,

@@ -270,6 +270,13 @@ def test_resume_from_state_dict_makes_the_same_decisions():
     assert resumed.state_dict() == full.state_dict()
     with pytest.raises(ValueError, match="other hyperparameters"):
         GraVAC(window=8).load_state_dict(first.state_dict())
+    # A state saved before decide existed loads into the paper's rule, not into E7.
+    old = first.state_dict()
+    del old["hyper"]["decide"]
+    make().load_state_dict(old)
+    with pytest.raises(ValueError, match="other hyperparameters.*decide"):
+        GraVAC(theta_min=10, theta_max=1000, window=7, alpha=0.3,
+               decide="previous").load_state_dict(old)
 
 
 @pytest.mark.parametrize("kwargs,match", [

@@ -369,3 +369,22 @@ def test_an_elastic_reset_mid_step_forgets_the_half_done_step():
     assert not opt._engine.overlap.active
     _train(model, opt, 2)                       # counts restart: no "computed twice"
     assert opt.last_stats.sent == "min"
+
+
+def test_wrapping_a_model_twice_needs_the_first_hooks_removed():
+    model, opt = _make(CONTROLLERS["static"], overlap=True)
+    with pytest.raises(ValueError, match="already has the backward hooks.*remove_hooks"):
+        wrap_optimizer(torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(),
+                       LocalComm(), controller=Static(cf=10), overlap=True)
+    opt.remove_hooks()
+    comm = _RecordingComm()
+    again = wrap_optimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                           model.named_parameters(), comm, controller=Static(cf=10),
+                           overlap=True)
+    x, y = _batch(0)
+    F.cross_entropy(model(x), y).backward()
+    assert comm.started and opt._engine.overlap is None     # only the new one's hooks ran
+    again.step()
+    again.remove_hooks()
+    _train(model, opt, 1)                                   # the old one, now plain
+    assert opt.last_stats.sent == "min"
