@@ -90,6 +90,13 @@ class DistributedOptimizerMixin:
         return [l.name for l in self._engine.layers]
 
     @property
+    def buckets(self) -> list[list[str]] | None:
+        """With ``overlap=True``, the layer names of each bucket in the order they leave;
+        None without overlap."""
+        o = self._engine.overlap
+        return None if o is None else [[l.name for l in b] for b in o.buckets]
+
+    @property
     def compressed_layer_names(self) -> list[str]:
         return self._engine.compressed_layer_names
 

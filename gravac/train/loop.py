@@ -231,7 +231,9 @@ class Trainer:
             names = opt.compressed_layer_names
             lines.append(f"compressor {cfg.compression.compressor}, controller "
                          f"{opt.controller!r}; {len(names)} of {len(opt.layer_names)} layers "
-                         "compressed")
+                         "compressed" + ("" if opt.buckets is None else
+                                         f"; overlapped with backward in "
+                                         f"{len(opt.buckets)} bucket(s)"))
         elif uses_ddp(cfg, self.comm):
             c = cfg.compression
             hook = ("fp16" if c.horovod_compression == "fp16" else
