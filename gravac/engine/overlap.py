@@ -47,6 +47,7 @@ from .decision import checked_decision
 from .layers import Layer
 from .phases import PhaseClock
 from .record import StepStats
+from .step import flagged_ranks, gain_row, has_nonfinite
 
 
 #: The first bucket closes at 1 MiB (or the cap, if smaller), as DDP's: the last layers'
@@ -203,7 +204,7 @@ class BackwardOverlap:
         layers = self.buckets[b]
         for layer in layers:
             e.densify_grad(layer)
-        if e.has_nonfinite([l.param.grad for l in layers]):
+        if has_nonfinite([l.param.grad for l in layers]):
             state.local_bad = True
         clock.lap("t_check")
         if state.staged is not None:
@@ -221,7 +222,7 @@ class BackwardOverlap:
             state.selected += 1
             state.all_candidate &= sel.val_c is not None
             if plan.needs_gains:
-                state.rows.append(e.gain_row(sel, plan.gain_measure))
+                state.rows.append(gain_row(sel, plan.gain_measure))
                 clock.lap("t_norms")
             if state.level is None:
                 state.held.append(sel)   # sent after the gains decide
@@ -298,7 +299,7 @@ class BackwardOverlap:
         for pending in state.pendings:
             pending.wait()
         if flags is not None:
-            bad_ranks = [r for r, f in enumerate(flags.wait().tolist()) if f > 0]
+            bad_ranks = flagged_ranks(flags.wait())
         clock.lap("t_wait_exchange", sync=True)
         if bad_ranks:
             # What arrived is not written (dense buckets were reduced in place, but the

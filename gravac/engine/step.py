@@ -127,7 +127,7 @@ class StepEngine:
         # beside the step's exchange), so a step has no round of its own for it. Residuals
         # are updated into spare buffers and rolled back if a rank had one. A controller
         # that observes gradients (Accordion) must not see a skipped step's: it agrees first.
-        local_bad = _has_nonfinite([l.param.grad for l in self.layers])
+        local_bad = has_nonfinite([l.param.grad for l in self.layers])
         clock.lap("t_check")
         if self.controller.observes_gradients:   # the same on every rank
             bad_ranks = self._agree_flags(local_bad, clock)
@@ -200,7 +200,7 @@ class StepEngine:
             flags = self.comm.allreduce_async(self.flags(local_bad), op="sum",
                                               name=f"{self.prefix}.finite")
         pending.wait()
-        bad_ranks = _flagged(flags.wait()) if flags is not None else []
+        bad_ranks = flagged_ranks(flags.wait()) if flags is not None else []
         clock.lap("t_wait_exchange", sync=True)
         if bad_ranks:
             # What arrived is discarded: gradients are not written, residuals go back.
@@ -274,13 +274,6 @@ class StepEngine:
             # (the optimizer then sees a dense gradient, as with sparse_as_dense).
             layer.param.grad = grad.to_dense()
 
-    @staticmethod
-    def has_nonfinite(grads: list[torch.Tensor]) -> bool:
-        return _has_nonfinite(grads)
-
-    @staticmethod
-    def gain_row(sel: _Selection, measure: str) -> torch.Tensor:
-        return gain_row(sel, measure)
 
     def feed_and_select(self, layer: Layer, plan, step: int,
                         clock: PhaseClock) -> _Selection | None:
@@ -339,7 +332,7 @@ class StepEngine:
         sums = self.comm.allreduce(sums, op="sum", name=f"{self.prefix}.gains")
         if clock is not None:
             clock.lap("t_wait_gains", sync=True)
-        bad_ranks = _flagged(sums[3:]) if local_bad is not None else []
+        bad_ranks = flagged_ranks(sums[3:]) if local_bad is not None else []
         total = float(sums[2])
         if bad_ranks or total <= 0.0:
             return 1.0, 1.0, bad_ranks
@@ -359,7 +352,7 @@ class StepEngine:
         clock.lap("t_check", sync=True)
         flags = self.comm.allreduce(self.flags(local_bad), op="sum", name=f"{self.prefix}.finite")
         clock.lap("t_wait_check", sync=True)
-        return _flagged(flags)
+        return flagged_ranks(flags)
 
     def skip(self, step: int, bad_ranks: list[int], clock: PhaseClock, t_compute) -> StepStats:
         self._consecutive_skips += 1
@@ -391,7 +384,7 @@ class StepEngine:
         self.compressor.load_state_dict(state.get("compressor", {}))
 
 
-def _has_nonfinite(grads: list[torch.Tensor]) -> bool:
+def has_nonfinite(grads: list[torch.Tensor]) -> bool:
     """Whether any entry is NaN or Inf: one sum per tensor (a NaN or Inf entry makes it
     NaN or Inf), entry by entry only when a sum is not finite (finite entries may
     overflow the sum). A float64 sum was ~10x the cost of a float32 one on CPU."""
@@ -404,7 +397,8 @@ def _has_nonfinite(grads: list[torch.Tensor]) -> bool:
     return any(not bool(torch.isfinite(g).all()) for g in grads)
 
 
-def _flagged(flags: torch.Tensor) -> list[int]:
+def flagged_ranks(flags: torch.Tensor) -> list[int]:
+    """The ranks whose entry of a summed one-hot flag vector (``StepEngine.flags``) is set."""
     return [r for r, f in enumerate(flags.tolist()) if f > 0]
 
 

@@ -322,15 +322,15 @@ def test_nan_flags_travel_with_the_steps_data(controller):
 def test_nonfinite_check_is_exact_where_a_sum_overflows():
     """The NaN/Inf check sums in float32 and looks entry by entry only when a sum is not
     finite: finite values whose sum overflows are not a skip; a NaN or Inf is."""
-    from gravac.engine.step import _has_nonfinite
+    from gravac.engine.step import has_nonfinite
 
     big = torch.full((1000,), 3e38)
     assert not torch.isfinite(big.sum())
-    assert not _has_nonfinite([big, torch.ones(3)])
-    assert not _has_nonfinite([torch.full((100,), 60000.0, dtype=torch.float16)])
+    assert not has_nonfinite([big, torch.ones(3)])
+    assert not has_nonfinite([torch.full((100,), 60000.0, dtype=torch.float16)])
     for bad in (float("nan"), float("inf"), -float("inf")):
         for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
             t = torch.ones(50, dtype=dtype)
             t[17] = bad
-            assert _has_nonfinite([torch.zeros(4), t])
-    assert not _has_nonfinite([])
+            assert has_nonfinite([torch.zeros(4), t])
+    assert not has_nonfinite([])
