@@ -35,7 +35,7 @@ def train_commands(text: str) -> list[str]:
 
 def help_commands() -> list[str]:
     out = subprocess.run([sys.executable, "train.py", "--help"], cwd=REPO, capture_output=True,
-                         text=True, timeout=120).stdout
+                         text=True, timeout=600).stdout
     return [ln.strip() for ln in _joined(out)
             if re.search(r"(^|[\s/])train\.py\s+--", ln)]
 

@@ -23,7 +23,7 @@ PATH_RE = re.compile(r"(?<![\w./~$-])((?:configs|hvd_scripts|benchmarks|examples
 
 
 def bash(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", *args], cwd=cwd, capture_output=True, text=True, timeout=60)
+    return subprocess.run(["bash", *args], cwd=cwd, capture_output=True, text=True, timeout=600)
 
 
 def expand_braces(text: str) -> list[str]:
@@ -107,7 +107,7 @@ def test_multi_node_controller_must_be_gloo_or_mpi(tmp_path):
     hosts.write_text("localhost slots=2\n")
     proc = subprocess.run(["bash", str(REPO / "hvd_scripts/run_multi_node.sh"), str(hosts), "2",
                            "configs/demo.yaml"], cwd=REPO, capture_output=True, text=True,
-                          timeout=60, env={"PATH": "/usr/bin:/bin", "GRAVAC_CONTROLLER": "nccl"})
+                          timeout=600, env={"PATH": "/usr/bin:/bin", "GRAVAC_CONTROLLER": "nccl"})
     assert proc.returncode == 2
     assert "GRAVAC_CONTROLLER must be gloo or mpi, got 'nccl'" in proc.stderr
 
@@ -132,7 +132,7 @@ def _fake_venv(tmp_path: Path) -> tuple[Path, Path]:
 def _launched(script: str, *args: str, tmp_path: Path, env: dict | None = None) -> list[str]:
     venv, calls = _fake_venv(tmp_path)
     proc = subprocess.run(["bash", str(REPO / "hvd_scripts" / script), *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=60,
+                          capture_output=True, text=True, timeout=600,
                           env={"PATH": "/usr/bin:/bin", "GRAVAC_VENV": str(venv), **(env or {})})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return calls.read_text().splitlines() if calls.exists() else []
@@ -210,7 +210,7 @@ def test_multi_node_checks_the_hostfile_and_passes_it_as_hosts(tmp_path):
         hosts.write_text(text)
         proc = subprocess.run(["bash", str(REPO / "hvd_scripts/run_multi_node.sh"), str(hosts),
                                np_, "configs/demo.yaml"], cwd=REPO, capture_output=True,
-                              text=True, timeout=60,
+                              text=True, timeout=600,
                               env={"PATH": "/usr/bin:/bin", "GRAVAC_VENV": str(venv)})
         assert proc.returncode == 2 and message in proc.stderr, proc.stderr
     assert not calls.exists()
@@ -225,7 +225,7 @@ def test_launchers_check_the_config_before_starting_ranks(script, args, tmp_path
     venv, calls = _fake_venv(tmp_path)
     proc = subprocess.run(["bash", str(REPO / "hvd_scripts" / script), *args, "--", "--set",
                            "optimizer.lr=.inf"], cwd=REPO, capture_output=True, text=True,
-                          timeout=120, env={"PATH": "/usr/bin:/bin", "GRAVAC_VENV": str(venv)})
+                          timeout=600, env={"PATH": "/usr/bin:/bin", "GRAVAC_VENV": str(venv)})
     assert proc.returncode == 2
     assert proc.stderr.splitlines()[-1] == ("config error: optimizer.lr=inf: must be a finite "
                                             "number")

@@ -38,5 +38,5 @@ def test_resumed_run_has_each_step_once_in_tensorboard(tmp_path):
 def test_the_printed_tensorboard_command_is_installed():
     tensorboard = Path(sys.executable).parent / "tensorboard"
     proc = subprocess.run([str(tensorboard), "--version"], capture_output=True, text=True,
-                          timeout=120)
+                          timeout=600)
     assert proc.returncode == 0 and proc.stdout.strip()
