@@ -52,17 +52,22 @@ class Comm(ABC):
     """A group of ranks and the collectives gravac needs over them.
 
     ``rank``/``size`` are this process's position in the group; ``local_rank``/``local_size``
-    its position among the group's processes on the same host (for threads and, next, for
-    hierarchical exchanges). ``backend`` names the implementation (``"horovod"``,
-    ``"torch"``, ``"local"``).
+    its position among the group's processes on the same host (for threads and for the
+    hierarchical exchange); ``node`` the index of its host as the launcher numbered them
+    (Horovod's cross rank, torchrun's node rank), which tells hosts apart where host
+    names do not (network namespaces share one). ``backend`` names the implementation
+    (``"horovod"``, ``"torch"``, ``"local"``).
     """
 
     backend = "abstract"
 
-    def __init__(self, rank: int, size: int, local_rank: int, local_size: int):
+    def __init__(self, rank: int, size: int, local_rank: int, local_size: int,
+                 node: int | None = None):
         # Fixed for the life of a Comm: a new set of ranks (an elastic reset) is a new Comm.
         self._rank, self._size = rank, size
         self._local_rank, self._local_size = local_rank, local_size
+        # Launchers place a host's ranks next to each other: the fallback when none says.
+        self._node = rank // max(local_size, 1) if node is None else int(node)
 
     @property
     def rank(self) -> int:
@@ -79,6 +84,10 @@ class Comm(ABC):
     @property
     def local_size(self) -> int:
         return self._local_size
+
+    @property
+    def node(self) -> int:
+        return self._node
 
     # -- tensors ---------------------------------------------------------------------------
     @abstractmethod

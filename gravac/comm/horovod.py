@@ -41,7 +41,8 @@ class HorovodComm(Comm):
         world = self.process_set is hvd.global_process_set
         rank, size = self.process_set.rank(), self.process_set.size()
         super().__init__(rank, size, hvd.local_rank() if world else rank,
-                         hvd.local_size() if world else size)
+                         hvd.local_size() if world else size,
+                         node=hvd.cross_rank() if world else 0)
 
     def allreduce_async(self, tensor, op, name) -> Handle:
         return _HorovodHandle(hvd.allreduce_async(tensor, op=_OPS[check_op(op)], name=name,

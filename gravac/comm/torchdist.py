@@ -49,7 +49,10 @@ class TorchDistComm(Comm):
             # torchrun tells each process its place on the host.
             local_rank = int(os.environ.get("LOCAL_RANK", rank))
             local_size = int(os.environ.get("LOCAL_WORLD_SIZE", size))
-        super().__init__(rank, size, local_rank, local_size)
+        # torchrun's node rank (GROUP_RANK) for the world; a sub-group has no hosts of its own.
+        node = int(os.environ["GROUP_RANK"]) if group is None and "GROUP_RANK" in os.environ \
+            else None
+        super().__init__(rank, size, local_rank, local_size, node=node)
         self._nccl = dist.get_backend(group) == "nccl"
         self._wire_device = (torch.device("cuda", torch.cuda.current_device()) if self._nccl
                              else torch.device("cpu"))

@@ -87,6 +87,10 @@ class Compressor(ABC):
     #: ``select(x, k)`` returns exactly min(k, n) indices (``count_bounds`` is (k, k)), so
     #: every rank's sparse buffer has the same size and the allgather needs no size round.
     exact_count = True
+    #: ``select`` ignores the data and returns the same indices on every rank for the same
+    #: (step, layer, level) (Random-k with a shared seed): the shared-index exchange then
+    #: needs no round to tell the ranks the index set.
+    shared_selection = False
 
     def select(self, x: torch.Tensor, k: int, ctx: SelectContext | None = None) -> torch.Tensor:
         if x.dim() != 1:

@@ -32,6 +32,10 @@ class RandomK(Compressor):
         self.seed = int(seed)
         self.same_across_ranks = bool(same_across_ranks)
 
+    @property
+    def shared_selection(self) -> bool:
+        return self.same_across_ranks
+
     def __repr__(self) -> str:
         return f"RandomK(seed={self.seed}, same_across_ranks={self.same_across_ranks})"
 

@@ -25,7 +25,7 @@ from .exchange import DENSE_WIRE
 from .layers import build_layers
 from .overlap import BackwardOverlap
 from .record import StepStats
-from .step import StepEngine
+from .step import StepEngine, check_exchange
 
 STATE_KEY = "gravac"
 STATE_FORMAT = 1
@@ -41,7 +41,8 @@ class DistributedOptimizerMixin:
     def __init__(self, params, named_parameters, compressor, controller, comm: Comm,
                  min_compress_numel, batch_size, name_prefix, nonfinite,
                  max_consecutive_skips, defer_agreement, dense_wire, overlap=False,
-                 bucket_cap_mb=25.0, backward_passes_per_step=1):
+                 bucket_cap_mb=25.0, backward_passes_per_step=1, exchange="allgather",
+                 host_of_rank=None):
         super().__init__(params)
         if not isinstance(overlap, bool):
             raise ValueError(f"overlap must be True or False, got {overlap!r}")
@@ -55,8 +56,13 @@ class DistributedOptimizerMixin:
         self.batch_size = batch_size
         self._prefix = name_prefix
         layers = build_layers(self.param_groups, named_parameters, min_compress_numel, compressor)
+        check_exchange(exchange, compressor)
+        if overlap and exchange != "allgather":
+            raise ValueError(f"overlap=True works with exchange='allgather' only (got "
+                             f"{exchange!r}): the hierarchical and shared-index steps need "
+                             "every layer's gradient before their first collective")
         self._engine = StepEngine(layers, compressor, controller, comm, name_prefix, nonfinite,
-                                  max_consecutive_skips, dense_wire)
+                                  max_consecutive_skips, dense_wire, exchange, host_of_rank)
         self._context: tuple[int, bool] | None = None
         if overlap:
             self._engine.overlap = BackwardOverlap(self._engine, self._step_context,
@@ -116,6 +122,7 @@ class DistributedOptimizerMixin:
             "nonfinite": e.nonfinite,
             "max_consecutive_skips": e.max_consecutive_skips,
             "dense_wire": e.exchange.dense_wire,
+            "exchange": "allgather" if e.route is None else e.route.describe(),
             # Buckets decide the collectives: every rank must cut them alike.
             "overlap": None if e.overlap is None else
             {"bucket_cap_mb": e.overlap.bucket_cap_mb,
@@ -276,9 +283,12 @@ def wrap_optimizer(optimizer, named_parameters, comm: Comm, compressor="topk", c
                    nonfinite: str = "skip", max_consecutive_skips: int = 10,
                    defer_agreement: bool = False, dense_wire: str = "native",
                    overlap: bool = False, bucket_cap_mb: float = 25.0,
-                   backward_passes_per_step: int = 1):
+                   backward_passes_per_step: int = 1, exchange: str = "allgather",
+                   host_of_rank=None):
     """The distributed form of ``optimizer`` over ``comm`` (see the front ends' docstrings
-    for the arguments: ``gravac.DistributedOptimizer``)."""
+    for the arguments: ``gravac.DistributedOptimizer``). ``host_of_rank`` (hierarchical
+    exchange only): every rank's host, when the launcher's numbering (``comm.node``) is
+    not the layout wanted."""
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise ValueError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
     if not isinstance(comm, Comm):
@@ -295,7 +305,8 @@ def wrap_optimizer(optimizer, named_parameters, comm: Comm, compressor="topk", c
     cls = type(optimizer.__class__.__name__, (DistributedOptimizerMixin, optimizer.__class__), {})
     return cls(optimizer.param_groups, named_parameters, comp, ctrl, comm, min_compress_numel,
                batch_size, name_prefix, nonfinite, max_consecutive_skips, defer_agreement,
-               dense_wire, overlap, bucket_cap_mb, backward_passes_per_step)
+               dense_wire, overlap, bucket_cap_mb, backward_passes_per_step, exchange,
+               host_of_rank)
 
 
 def broadcast_optimizer_state(optimizer, comm: Comm, root: int = 0) -> None:

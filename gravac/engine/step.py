@@ -54,12 +54,16 @@ class StepEngine:
 
     ``nonfinite``: ``"skip"`` a step with a NaN/Inf gradient on any rank (on every rank),
     or ``"raise"``; ``max_consecutive_skips`` bounds the skips in a row. ``dense_wire``:
-    ``"fp16"`` sends dense layers as fp16 (Horovod's Compression.fp16).
+    ``"fp16"`` sends dense layers as fp16 (Horovod's Compression.fp16). ``exchange``: how
+    sparse layers travel (``EXCHANGES``): ``"allgather"`` (the paper's), ``"hierarchical"``
+    (``hierarchical.py``; ``host_of_rank`` overrides the launcher's host of each rank) or
+    ``"shared_index"`` (``shared_index.py``). Building a hierarchical engine is collective.
     """
 
     def __init__(self, layers: list[Layer], compressor: Compressor, controller: Controller,
                  comm: Comm, prefix: str = "gravac", nonfinite: str = "skip",
-                 max_consecutive_skips: int = 10, dense_wire: str = "native"):
+                 max_consecutive_skips: int = 10, dense_wire: str = "native",
+                 exchange: str = "allgather", host_of_rank=None):
         if nonfinite not in ("skip", "raise"):
             raise ValueError(f"nonfinite must be 'skip' (skip the step on every rank) or 'raise' "
                              f"(stop), got {nonfinite!r}")
@@ -74,6 +78,15 @@ class StepEngine:
         self.memory = ResidualMemory()
         # Low-rank compressors (PowerSGD) send factors by allreduce: gravac/engine/lowrank.py.
         self.lowrank = LowRankStep(self) if compressor.is_lowrank else None
+        self.exchange_kind = check_exchange(exchange, compressor)
+        # The step of a non-default exchange (None: the allgather path below).
+        self.route = None
+        if exchange == "hierarchical":
+            from .hierarchical import HierarchicalStep
+            self.route = HierarchicalStep(self, host_of_rank)
+        elif exchange == "shared_index":
+            from .shared_index import SharedIndexStep
+            self.route = SharedIndexStep(self)
         self.skipped_steps: list[dict] = []
         self._consecutive_skips = 0
         # CUDA kernels run asynchronously: time phases only after the device has finished.
@@ -98,6 +111,8 @@ class StepEngine:
         """Use ``comm`` from now on (an elastic reset); the controller keeps its state."""
         self.comm = comm
         self.exchange.comm = comm
+        if self.route is not None:
+            self.route.bind(comm)
         if self.overlap is not None:
             self.overlap.reset()
         self.controller.rebind(self.compressed_layer_names, comm)
@@ -146,6 +161,8 @@ class StepEngine:
                 if bad_ranks:
                     return self.skip(step, bad_ranks, clock, t_compute)
             return self.lowrank.synchronize(plan, step, clock, t_compute)
+        if self.route is not None:
+            return self.route.synchronize(plan, step, clock, t_compute, local_bad)
 
         dense = [l for l in self.layers if not l.compressible]
         selections: list[_Selection] = []
@@ -382,6 +399,22 @@ class StepEngine:
                                     like={l.name: l.param for l in self.layers})
         self.controller.load_state_dict(state["controller"])
         self.compressor.load_state_dict(state.get("compressor", {}))
+
+
+#: How sparse layers travel between ranks (docs/ALGORITHM.md §13).
+EXCHANGES = ("allgather", "hierarchical", "shared_index")
+
+
+def check_exchange(exchange: str, compressor: Compressor) -> str:
+    """``exchange`` if it is one of ``EXCHANGES`` and applies to ``compressor``."""
+    if exchange not in EXCHANGES:
+        raise ValueError(f"exchange must be one of {', '.join(EXCHANGES)}, got {exchange!r}")
+    if exchange != "allgather" and (compressor.is_dense or compressor.is_lowrank):
+        what = "everything" if compressor.is_dense else "low-rank factors"
+        raise ValueError(f"exchange={exchange!r} moves sparse selections; compressor "
+                         f"{compressor.name!r} sends {what} by allreduce already: use "
+                         f"exchange='allgather' (the default)")
+    return exchange
 
 
 def has_nonfinite(grads: list[torch.Tensor]) -> bool:

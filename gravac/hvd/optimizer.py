@@ -21,7 +21,8 @@ def DistributedOptimizer(optimizer, named_parameters, compressor="topk", control
                          name_prefix: str = "gravac", nonfinite: str = "skip",
                          max_consecutive_skips: int = 10, defer_agreement: bool = False,
                          dense_wire: str = "native", overlap: bool = False,
-                         bucket_cap_mb: float = 25.0, backward_passes_per_step: int = 1, comm=None):
+                         bucket_cap_mb: float = 25.0, backward_passes_per_step: int = 1,
+                         exchange: str = "allgather", comm=None):
     """Wrap a torch optimizer so that ``step()`` averages gradients across Horovod ranks
     with compressed (sparse) communication and error feedback.
 
@@ -61,6 +62,12 @@ def DistributedOptimizer(optimizer, named_parameters, compressor="topk", control
             order, the same on every rank).
         backward_passes_per_step: with ``overlap``, backward passes accumulated before the
             hooks send (gradient accumulation, as Horovod's option of that name).
+        exchange: how sparse selections travel: ``"allgather"`` (default, the paper's:
+            every rank receives every other's values and indices), ``"hierarchical"``
+            (dense average inside each host, sparse allgather among one leader per host;
+            Horovod needs HOROVOD_DYNAMIC_PROCESS_SETS=1) or ``"shared_index"`` (all ranks
+            send values at one rotating rank's indices, by allreduce: traffic independent
+            of the number of ranks). docs/ALGORITHM.md §13.
         comm: a ``gravac.comm.Comm`` to use instead of Horovod (e.g. ``LocalComm()``);
             then ``process_set`` must be None.
 
@@ -94,4 +101,5 @@ def DistributedOptimizer(optimizer, named_parameters, compressor="topk", control
                           max_consecutive_skips=max_consecutive_skips,
                           defer_agreement=defer_agreement, dense_wire=dense_wire,
                           overlap=overlap, bucket_cap_mb=bucket_cap_mb,
-                          backward_passes_per_step=backward_passes_per_step)
+                          backward_passes_per_step=backward_passes_per_step,
+                          exchange=exchange)

@@ -16,7 +16,8 @@ def DistributedOptimizer(optimizer, named_parameters, compressor="topk", control
                          name_prefix: str = "gravac", nonfinite: str = "skip",
                          max_consecutive_skips: int = 10, defer_agreement: bool = False,
                          dense_wire: str = "native", overlap: bool = False,
-                         bucket_cap_mb: float = 25.0, backward_passes_per_step: int = 1):
+                         bucket_cap_mb: float = 25.0, backward_passes_per_step: int = 1,
+                         exchange: str = "allgather"):
     """Wrap a torch optimizer so that ``step()`` averages gradients across the ranks of a
     torch.distributed process group with compressed communication and error feedback.
 
@@ -47,4 +48,5 @@ def DistributedOptimizer(optimizer, named_parameters, compressor="topk", control
                           max_consecutive_skips=max_consecutive_skips,
                           defer_agreement=defer_agreement, dense_wire=dense_wire,
                           overlap=overlap, bucket_cap_mb=bucket_cap_mb,
-                          backward_passes_per_step=backward_passes_per_step)
+                          backward_passes_per_step=backward_passes_per_step,
+                          exchange=exchange)

@@ -31,6 +31,7 @@ import yaml
 from ..comm.horovod_cycle import PROBLEM as CYCLE_PROBLEM
 from ..comm.horovod_cycle import check_setting as check_cycle_setting
 from ..controllers import Accordion, GraVAC, Static
+from ..engine.step import EXCHANGES
 
 CONTROLLERS = ("dense", "static", "gravac", "accordion")
 DATASETS = ("digits", "cifar10", "cifar100", "ptb", "synthetic_images", "synthetic_text")
@@ -173,6 +174,10 @@ class CompressionConfig:
     # that GraVAC's compressed layers overlap only with gravac.decide=previous.
     overlap: bool = False
     bucket_cap_mb: float = 25.0
+    # How sparse selections travel (docs/ALGORITHM.md §13): allgather (the paper's),
+    # hierarchical (dense inside a host, sparse among host leaders) or shared_index (all
+    # ranks send values at one rotating rank's indices, by allreduce).
+    exchange: str = "allgather"
     gravac: GraVACConfig = field(default_factory=GraVACConfig)
     accordion: AccordionConfig = field(default_factory=AccordionConfig)
 
@@ -471,6 +476,20 @@ def validate(cfg: Config) -> None:
     _require(not isinstance(c.bucket_cap_mb, bool) and isinstance(c.bucket_cap_mb, (int, float))
              and c.bucket_cap_mb > 0, "compression.bucket_cap_mb", c.bucket_cap_mb,
              "must be a number > 0 (MiB of gradient per overlapped bucket)")
+    _require(c.exchange in EXCHANGES, "compression.exchange", c.exchange,
+             f"must be one of {', '.join(EXCHANGES)}")
+    _require(c.exchange == "allgather" or (c.controller != "dense" and
+                                           c.compressor not in ("powersgd", "none")),
+             "compression.exchange", c.exchange, "moves sparse selections: it needs a "
+             "sparsifier (topk, dgc, redsync, randomk) and a controller other than dense; "
+             "dense and PowerSGD travel by allreduce already (use exchange: allgather)")
+    _require(c.exchange == "allgather" or not c.overlap, "compression.exchange", c.exchange,
+             "cannot be combined with compression.overlap=true (its step needs every "
+             "gradient before the first collective); set overlap: false or exchange: allgather")
+    _require(c.exchange != "hierarchical" or not r.elastic, "compression.exchange", c.exchange,
+             "cannot be combined with run.elastic=true: its host groups are Horovod process "
+             "sets, which elastic resets do not rebuild; use exchange: allgather or "
+             "shared_index with elastic runs")
     _require(c.nonfinite in ("skip", "raise"), "compression.nonfinite", c.nonfinite,
              "must be skip (skip the step on every rank) or raise (stop the run)")
     _require(c.max_consecutive_skips >= 0, "compression.max_consecutive_skips",

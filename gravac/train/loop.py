@@ -74,6 +74,7 @@ def build_optimizer(cfg: Config, model: torch.nn.Module, comm: Comm,
                           defer_agreement=defer_agreement,
                           dense_wire="fp16" if dense and c.horovod_compression == "fp16"
                           else "native",
+                          exchange="allgather" if dense else c.exchange,
                           **({"overlap": True, "bucket_cap_mb": float(c.bucket_cap_mb)}
                              if c.overlap else {}))
 
@@ -524,6 +525,10 @@ class Trainer:
 
 def train(cfg: Config, resume: bool = False, dry_run: bool = False) -> dict:
     """Run (or with ``dry_run``, only build and describe) the configured training."""
+    if cfg.compression.exchange == "hierarchical":
+        # Its host groups are Horovod process sets made at run time; Horovod reads this
+        # at hvd.init().
+        os.environ.setdefault("HOROVOD_DYNAMIC_PROCESS_SETS", "1")
     comm = init_comm(cfg.run.backend, cfg.run.horovod_cycle_time_ms)
     trainer = Trainer(cfg, comm, elastic=cfg.run.elastic)
     if dry_run:

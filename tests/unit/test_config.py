@@ -75,6 +75,17 @@ def test_set_parses_yaml_values_without_eval():
      r"compression.bucket_cap_mb=0.0: must be a number > 0"),
     (["run.steps=5", "compression.controller=gravac", "compression.gravac.decide=later"],
      "decide"),
+    # issue 12: exchanges
+    (["run.steps=5", "compression.exchange=ring"],
+     "compression.exchange='ring': must be one of allgather, hierarchical, shared_index"),
+    (["run.steps=5", "compression.controller=dense", "compression.exchange=shared_index"],
+     "compression.exchange='shared_index': moves sparse selections"),
+    (["run.steps=5", "compression.controller=static", "compression.compressor=powersgd",
+      "compression.rank=2", "compression.exchange=hierarchical"], "moves sparse selections"),
+    (["run.steps=5", "compression.exchange=shared_index", "compression.overlap=true"],
+     "cannot be combined with compression.overlap=true"),
+    (["run.steps=5", "compression.exchange=hierarchical", "run.elastic=true"],
+     "cannot be combined with run.elastic=true: its host groups"),
 ])
 def test_errors_name_key_value_and_what_is_allowed(overrides, message):
     with pytest.raises(ConfigError, match=message):

@@ -1,0 +1,206 @@
+"""The shared-index exchange: every rank sends its values at ONE index set, by allreduce.
+
+With the allgather exchange a rank receives N − 1 selections, so its traffic grows with
+the number of ranks N; here every rank sends values at the same indices, and the values
+are averaged by a ring allreduce whose traffic per rank is ≈ 2·(N−1)/N·k values, whatever
+N (``../shared/ALGORITHM.md``, "Exchanges"; docs/ALGORITHM.md §13). The index set is
+ScaleCom's cyclic local top-k (Chen et al., NeurIPS 2020): at step s the leader is rank
+s mod N, and its own selection of its error-fed gradient is the set everyone sends. Per
+step, on every rank:
+
+1. error feedback: g_ef = grad + residual (every rank keeps its own residual);
+2. the leader runs both levels' selection on its g_ef (the compressor as configured, so
+   DGC's and RedSync's thresholds work too); ONE allreduce (sum) of an integer buffer
+   tells every rank the leader's indices (the others add zeros: a broadcast whose
+   traffic does not grow with N). Its layout is fixed by the plan and the compressor's
+   ``count_bounds``, so no round is needed to learn sizes. Random-k with a shared seed
+   draws the same indices on every rank and skips this round;
+3. each rank takes its own values at the shared indices, for both levels; the gains are
+   measured on them and agreed as always (one tiny allreduce, the NaN/Inf flags in it),
+   so GraVAC's decision is the same on every rank;
+4. ONE grouped allreduce (average) of the values of the level sent, all layers together,
+   and the dense layers' grouped allreduce;
+5. the gradient is the averaged values at the shared indices, zero elsewhere; each rank's
+   residual = its g_ef − what it sent (its own values at the shared indices).
+
+Example::
+
+    engine = StepEngine(layers, TopK(), Static(cf=100), comm, exchange="shared_index")
+    stats = engine.synchronize(step=0, lr_decayed=False, t_compute=None)
+"""
+from __future__ import annotations
+
+import torch
+
+from ..compressors import num_kept
+from ..controllers import SENT_CANDIDATE, SENT_DENSE
+from ..memory import SparseSent
+from .decision import checked_decision
+from .phases import PhaseClock
+
+
+class SharedIndexStep:
+    """The step of ``StepEngine`` with ``exchange="shared_index"`` (see the module doc)."""
+
+    kind = "shared_index"
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    def bind(self, comm) -> None:
+        """Nothing to build: the leader follows from the step and the group's size."""
+
+    def describe(self) -> dict:
+        return {"kind": self.kind, "index_set": "cyclic_local_topk"}
+
+    def leader(self, step: int) -> int:
+        """The rank whose selection every rank sends at ``step`` (ScaleCom's rotation)."""
+        return step % self.engine.comm.size
+
+    # -- the step -------------------------------------------------------------------------
+    def synchronize(self, plan, step: int, clock: PhaseClock, t_compute,
+                    local_bad: bool | None):
+        from .step import _Selection, flagged_ranks, gain_row
+        e = self.engine
+        dense = [l for l in e.layers if not l.compressible]
+        fed = []                               # (layer, g_ef, cf) of the compressed layers
+        for layer in e.layers:
+            if not layer.compressible:
+                continue
+            cf = plan.cf_of(layer.name)
+            if cf <= 1:
+                e.memory.flush_into(layer.name, layer.param.grad)
+                dense.append(layer)
+            else:
+                fed.append((layer, e.memory.compensate(layer.name, layer.param.grad), cf))
+        clock.lap("t_feedback")
+        with_candidate = [plan.theta_c is not None and plan.theta_c > cf for _, _, cf in fed]
+        index_sets = self._index_sets(fed, with_candidate, plan.theta_c, step, clock)
+        selections = []
+        for (layer, g_ef, _), (idx_min, idx_c) in zip(fed, index_sets):
+            sel = _Selection(layer, g_ef, idx_min, g_ef[idx_min])
+            if idx_c is not None:
+                sel.idx_c, sel.val_c = idx_c, g_ef[idx_c]
+            selections.append(sel)
+        clock.lap("t_select")
+
+        gain_min = gain_c = None
+        if plan.needs_gains:
+            gain_min, gain_c, bad = e.agree_gain_rows(
+                [gain_row(s, plan.gain_measure) for s in selections], clock, local_bad)
+            if bad:
+                e.memory.rollback_step()
+                return e.skip(step, bad, clock, t_compute)
+            local_bad = None
+            if not any(s.val_c is not None for s in selections):
+                gain_c = None
+        sent = checked_decision(e.controller, gain_min, gain_c, bool(selections),
+                                all(s.val_c is not None for s in selections), plan.decided)
+        clock.lap("t_control")
+        t_discarded = 0.0
+        if sent == SENT_DENSE and selections:
+            t_discarded = sum(clock.times[p] for p in ("t_select", "t_norms", "t_wait_gains",
+                                                       "t_wait_exchange"))
+        payload = []                            # (layer, indices, values: averaged in place)
+        for s in selections:
+            if sent == SENT_DENSE:
+                s.layer.param.grad.view(-1).copy_(s.g_ef)
+                e.memory.update(s.layer.name, s.g_ef, None)
+                dense.append(s.layer)
+                continue
+            idx, val = (s.idx_c, s.val_c) if sent == SENT_CANDIDATE else (s.idx_min, s.val_min)
+            # val is a copy (advanced indexing): the residual may take g_ef's buffer, and
+            # the allreduce may overwrite val.
+            e.memory.update(s.layer.name, s.g_ef, SparseSent(idx, val))
+            payload.append((s.layer, idx, val))
+        clock.lap("t_residual")
+        # One grouped allreduce per values dtype (fp32 and fp64 cannot share a buffer).
+        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+        for _, _, v in payload:
+            by_dtype.setdefault(v.dtype, []).append(v)
+        values = [e.comm.grouped_allreduce_async_(
+            by_dtype[d], op="average",
+            name=f"{e.prefix}.shared" + ("" if len(by_dtype) == 1 else f".{d}"))
+            for d in sorted(by_dtype, key=str)]
+        pending = e.exchange.start(None, dense)
+        flags = None
+        if local_bad is not None:
+            flags = e.comm.allreduce_async(e.flags(local_bad), op="sum", name=f"{e.prefix}.finite")
+        for handle in values:
+            handle.wait()
+        pending.wait()
+        bad = flagged_ranks(flags.wait()) if flags is not None else []
+        clock.lap("t_wait_exchange", sync=True)
+        if bad:
+            e.memory.rollback_step()
+            return e.skip(step, bad, clock, t_compute)
+        pending.unpack()
+        for layer, idx, val in payload:
+            grad = layer.param.grad.view(-1)
+            grad.zero_()
+            grad[idx] = val.to(grad.dtype)
+        clock.lap("t_unpack", sync=True)
+        sparse = [(layer, int(v.numel())) for layer, _, v in payload]
+        kept = sum(n for _, n in sparse)
+        index_bytes = 0 if e.compressor.shared_selection else self._index_bytes
+        value_bytes = sum(v.numel() * v.element_size() for _, _, v in payload)
+        stats = e.sent_stats(step, plan, sent, sparse, dense,
+                             pending.bytes_sent + value_bytes + index_bytes, gain_min, gain_c,
+                             clock, t_compute, t_discarded)
+        # Values only: the indices travel once, from the leader, not from every rank.
+        stats.floats_sent = kept + sum(l.numel for l in dense)
+        return stats
+
+    def _index_sets(self, fed, with_candidate, theta_c, step: int, clock: PhaseClock):
+        """[(idx_min, idx_c or None)] per fed layer: the leader's selection, on every rank."""
+        e = self.engine
+        leader = self.leader(step)
+        self._index_bytes = 0
+        if e.compressor.shared_selection:
+            # Same draws everywhere: each rank makes the leader's selection itself.
+            return [self._select(layer, g_ef, cf, theta_c if c else None, step)
+                    for (layer, g_ef, cf), c in zip(fed, with_candidate)]
+        # The integer buffer: per layer, its count at each level, then slots for each level
+        # as many as the compressor may return (count_bounds), zeros where unused.
+        slots = []
+        for (layer, _, cf), c in zip(fed, with_candidate):
+            high_min = e.compressor.count_bounds(num_kept(layer.numel, cf), layer.numel)[1]
+            high_c = e.compressor.count_bounds(num_kept(layer.numel, theta_c),
+                                               high_min)[1] if c else 0
+            slots.append((high_min, high_c))
+        n_layers = len(fed)
+        big = any(layer.numel >= 2**31 for layer, _, _ in fed)
+        dtype = torch.int64 if big else torch.int32
+        device = fed[0][1].device if fed else torch.device("cpu")
+        total = 2 * n_layers + sum(a + b for a, b in slots)
+        buf = torch.zeros(total, dtype=dtype, device=device)
+        if e.comm.rank == leader:
+            pos = 2 * n_layers
+            for i, ((layer, g_ef, cf), c, (high_min, high_c)) in enumerate(
+                    zip(fed, with_candidate, slots)):
+                idx_min, idx_c = self._select(layer, g_ef, cf, theta_c if c else None, step)
+                buf[i] = idx_min.numel()
+                buf[pos:pos + idx_min.numel()] = idx_min.to(dtype)
+                pos += high_min
+                if idx_c is not None:
+                    buf[n_layers + i] = idx_c.numel()
+                    buf[pos:pos + idx_c.numel()] = idx_c.to(dtype)
+                pos += high_c
+        clock.lap("t_select", sync=True)
+        if total:
+            buf = e.comm.allreduce(buf, op="sum", name=f"{e.prefix}.indices")
+        self._index_bytes = buf.numel() * buf.element_size()
+        clock.lap("t_wait_exchange", sync=True)
+        counts = buf[:2 * n_layers].tolist()
+        out, pos = [], 2 * n_layers
+        for i, ((high_min, high_c), c) in enumerate(zip(slots, with_candidate)):
+            idx_min = buf[pos:pos + counts[i]].to(torch.int64)
+            pos += high_min
+            idx_c = buf[pos:pos + counts[n_layers + i]].to(torch.int64) if c else None
+            pos += high_c
+            out.append((idx_min, idx_c))
+        return out
+
+    def _select(self, layer, g_ef, cf, theta_c, step):
+        sel = self.engine.select(layer, g_ef, cf, theta_c, step)
+        return sel.idx_min, sel.idx_c
