@@ -1,0 +1,113 @@
+"""The hierarchical and shared-index exchanges on the real transports (2 ranks, one host),
+exact against references computed here from every rank's gradients with torch.topk.
+(4 ranks on 2 sandbox hosts: tests/cluster.)"""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from gravac.compressors import num_kept
+from gravac.controllers import GraVAC, Static
+from gravac.engine.optimizer import wrap_optimizer
+
+from helpers import COMM, distributed_optimizer, gather_rows, make_net, rank_batch, topk_sent
+
+
+def _grads(model, opt, step, rank):
+    opt.zero_grad()
+    x, y = rank_batch(step, rank)
+    F.cross_entropy(model(x), y).backward()
+
+
+@pytest.mark.parametrize("cf", [10, 100])
+def test_shared_index_is_the_average_at_the_rotating_leaders_topk(cf, rank, size):
+    model = make_net()
+    opt = distributed_optimizer(torch.optim.SGD(model.parameters(), lr=0.0),
+                                model.named_parameters(), controller=Static(cf=cf),
+                                exchange="shared_index")
+    params = dict(model.named_parameters())
+    names = opt.compressed_layer_names
+    residual = {n: torch.zeros(size, params[n].numel()) for n in names}
+    for step in range(4):
+        _grads(model, opt, step, rank)
+        raw = {n: gather_rows(p.grad, f"test.raw.{n}") for n, p in params.items()}
+        opt.step()
+        leader = step % size
+        for n in names:
+            g_ef = raw[n] + residual[n]
+            idx = torch.topk(g_ef[leader].abs(), num_kept(params[n].numel(), cf)).indices
+            expected = torch.zeros(params[n].numel())
+            expected[idx] = g_ef[:, idx].mean(0)
+            assert torch.allclose(params[n].grad.view(-1), expected, rtol=0, atol=1e-7), \
+                f"{n} step {step}"
+            residual[n] = g_ef.clone()
+            residual[n][:, idx] = 0
+            assert torch.equal(opt.memory[n].view(-1), residual[n][rank]), f"residual of {n}"
+        for n, p in params.items():
+            if n not in names:
+                assert torch.allclose(p.grad.view(-1), raw[n].mean(0), rtol=0, atol=1e-7)
+        assert opt.last_stats.floats_sent == sum(num_kept(params[n].numel(), cf) for n in names) \
+            + sum(p.numel() for n, p in params.items() if n not in names)
+
+
+@pytest.mark.parametrize("hosts", [None, [0, 1]], ids=["one-host", "two-hosts"])
+def test_hierarchical_is_topk_of_the_host_average_among_leaders(hosts, rank, size):
+    model = make_net()
+    cf = 10
+    if hosts is None:       # the launcher's layout: both ranks on this host
+        opt = distributed_optimizer(torch.optim.SGD(model.parameters(), lr=0.0),
+                                    model.named_parameters(), controller=Static(cf=cf),
+                                    exchange="hierarchical")
+        groups = [list(range(size))]
+    else:                   # each rank a host of its own: the leaders are every rank
+        opt = wrap_optimizer(torch.optim.SGD(model.parameters(), lr=0.0),
+                             model.named_parameters(), COMM, controller=Static(cf=cf),
+                             exchange="hierarchical", host_of_rank=hosts)
+        groups = [[r] for r in range(size)]
+    params = dict(model.named_parameters())
+    names = opt.compressed_layer_names
+    residual = {(h, n): torch.zeros(params[n].numel()) for h in range(len(groups)) for n in names}
+    for step in range(4):
+        _grads(model, opt, step, rank)
+        raw = {n: gather_rows(p.grad, f"test.raw.{n}") for n, p in params.items()}
+        opt.step()
+        for n, p in params.items():
+            host_avg = [raw[n][g].mean(0) for g in groups]
+            if n not in names:
+                expected = torch.stack(host_avg).mean(0)
+            else:
+                total = torch.zeros(p.numel())
+                for h, avg in enumerate(host_avg):
+                    g_ef = avg + residual[(h, n)]
+                    sent = topk_sent(g_ef, num_kept(p.numel(), cf))
+                    residual[(h, n)] = g_ef - sent
+                    total += sent
+                expected = total / len(groups)
+            assert torch.allclose(p.grad.view(-1), expected, rtol=0, atol=1e-6), \
+                f"{n} step {step}"
+        mine = [h for h, g in enumerate(groups) if g[0] == rank]
+        for n in names:
+            if mine:
+                assert torch.allclose(opt.memory[n].view(-1), residual[(mine[0], n)],
+                                      rtol=0, atol=1e-6)
+            else:
+                assert n not in opt.memory      # residuals live on the leaders only
+
+
+@pytest.mark.parametrize("exchange", ["shared_index", "hierarchical"])
+def test_gravac_decides_alike_on_every_rank_with_either_exchange(exchange, rank):
+    model = make_net()
+    opt = distributed_optimizer(
+        torch.optim.SGD(model.parameters(), lr=0.05), model.named_parameters(),
+        controller=GraVAC(theta_min=4, theta_max=256, epsilon=0.3, window=3), exchange=exchange)
+    seen = []
+    for step in range(12):
+        _grads(model, opt, step, rank)
+        opt.step()
+        s = opt.last_stats
+        seen.append((s.sent, s.cf, s.theta_min, s.theta_c, round(s.gain_min, 12)))
+    every = COMM.allgather_object(seen, name="test.exchange.decisions")
+    assert all(r == every[0] for r in every)
+    assert len({cf for _, cf, _, _, _ in seen}) > 1      # the controller moved
+    params = gather_rows(torch.cat([p.detach().view(-1) for p in model.parameters()]),
+                         "test.exchange.params")
+    assert torch.equal(params[0], params[1])
