@@ -234,7 +234,9 @@ class Trainer:
                          f"{opt.controller!r}; {len(names)} of {len(opt.layer_names)} layers "
                          "compressed" + ("" if opt.buckets is None else
                                          f"; overlapped with backward in "
-                                         f"{len(opt.buckets)} bucket(s)"))
+                                         f"{len(opt.buckets)} bucket(s)")
+                         + ("" if cfg.compression.exchange == "allgather" else
+                            f"; exchange {cfg.compression.exchange}"))
         elif uses_ddp(cfg, self.comm):
             c = cfg.compression
             hook = ("fp16" if c.horovod_compression == "fp16" else
