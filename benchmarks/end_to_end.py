@@ -101,6 +101,16 @@ METHODS: dict[str, tuple[str, list[str]]] = {
                                                             "compression.gravac.decide=previous",
                                                             "compression.overlap=true",
                                                             "compression.bucket_cap_mb=1"]),
+    # Exchanges for many workers (issue 12, docs/ALGORITHM.md §13), against "static_topk_10x"
+    # and "gravac_recommended", which use the paper's allgather.
+    "static_topk_10x_shared_index": ("static_topk_10x.yaml", ["compression.exchange=shared_index"]),
+    "static_topk_10x_hierarchical": ("static_topk_10x.yaml", ["compression.exchange=hierarchical"]),
+    "gravac_recommended_shared_index": ("gravac_recommended.yaml",
+                                        ["compression.gravac.window=25",
+                                         "compression.exchange=shared_index"]),
+    "gravac_recommended_hierarchical": ("gravac_recommended.yaml",
+                                        ["compression.gravac.window=25",
+                                         "compression.exchange=hierarchical"]),
     # The paper's rule with a lower gain threshold and a faster EWMA: what the LSTM
     # workload, whose gains fall quickly with the CF (~0.6 at 10x), needs to climb.
     "gravac_eps0.3": ("gravac_exp_topk.yaml", ["compression.gravac.window=25",
@@ -112,8 +122,16 @@ METHODS: dict[str, tuple[str, list[str]]] = {
 BACKENDS = ("horovod", "torch")
 
 
-def launcher(backend: str, np_: int) -> list[str]:
-    """The command that starts ``np_`` ranks of train.py on ``backend``."""
+def launcher(backend: str, np_: int, hosts: int = 1) -> list[str]:
+    """The command that starts ``np_`` ranks of train.py on ``backend``; with ``hosts`` > 1
+    it runs inside hvd_scripts/cluster_sandbox.sh (which provides the environment it
+    reads): train.py's arguments follow it."""
+    if hosts > 1 and backend == "horovod":
+        return ["bash", "-c", 'exec bash hvd_scripts/run_multi_node.sh "$GRAVAC_HOSTFILE" '
+                f'{np_} "$@"', "run_multi_node"]
+    if hosts > 1:
+        return ["bash", "-c", f'GRAVAC_NNODES={hosts} GRAVAC_RDZV_ENDPOINT=$GRAVAC_HOST0_ADDR:29400 '
+                f'exec bash hvd_scripts/run_torchrun.sh {np_ // hosts} "$@"', "run_torchrun"]
     if backend == "horovod":
         return [str(REPO / ".venv/bin/horovodrun"), "-np", str(np_), "-H", f"localhost:{np_}",
                 "--gloo", str(REPO / ".venv/bin/python"), str(REPO / "train.py")]
@@ -125,10 +143,22 @@ def run_dir_of(out: Path, rate: str, backend: str, method: str) -> Path:
     return out / rate / backend / method
 
 
+def sandbox_command(rate: str, hosts: int, slots: int, backend: str) -> list[str]:
+    """One host: the rate-limited loopback of bandwidth_sandbox.sh. Several: that many
+    network namespaces joined at ``rate`` (cluster_sandbox.sh); torchrun starts once per
+    host (``--each``), horovodrun once on host 0 (it reaches the others by ssh)."""
+    if hosts == 1:
+        return ["bash", str(REPO / "hvd_scripts/bandwidth_sandbox.sh"), rate, "--"]
+    return ["bash", str(REPO / "hvd_scripts/cluster_sandbox.sh"), "--hosts", str(hosts),
+            "--slots", str(slots), "--link", rate, *(["--each"] if backend == "torch" else []),
+            "--"]
+
+
 def run_one(method: str, rate: str, steps: int, out: Path, np_: int, extra: list[str],
-            workload: str, backend: str, sandbox: bool = True) -> Path:
+            workload: str, backend: str, sandbox: bool = True, hosts: int = 1) -> Path:
     """Train ``workload`` with ``method`` (inside the bandwidth sandbox at ``rate`` unless
-    ``sandbox`` is false); returns the run directory."""
+    ``sandbox`` is false; across ``hosts`` sandbox hosts of np_/hosts ranks when > 1);
+    returns the run directory."""
     config, accordion, _ = WORKLOADS[workload]
     compression, sets = METHODS[method]
     compression = compression.format(accordion=accordion)
@@ -136,9 +166,13 @@ def run_one(method: str, rate: str, steps: int, out: Path, np_: int, extra: list
     overrides = [f"run.output_dir={run_dir.parent}", f"run.name={method}", f"run.steps={steps}",
                  "run.overwrite=true", "run.progress=never", f"run.backend={backend}",
                  *sets, *extra]
-    command = ["bash", str(REPO / "hvd_scripts/bandwidth_sandbox.sh"), rate, "--"] if sandbox else []
-    command += [*launcher(backend, np_),
-               "--config", str(REPO / config), str(REPO / "configs/compression" / compression)]
+    command = sandbox_command(rate, hosts, np_ // hosts, backend) if sandbox else []
+    command += launcher(backend, np_, hosts)
+    configs = [str(REPO / config), str(REPO / "configs/compression" / compression)]
+    if hosts > 1:        # the launch scripts: CONFIG... -- TRAIN_ARGS
+        command += [*configs, "--"]
+    else:
+        command += ["--config", *configs]
     for text in overrides:
         command += ["--set", text]
     log = run_dir.parent / f"{method}.log"
@@ -248,6 +282,10 @@ def main() -> int:
                         help="steps per run (default: 300 for lstm, 150 for wide_cnn)")
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     parser.add_argument("--np", type=int, default=2)
+    parser.add_argument("--hosts", type=int, default=1,
+                        help="sandbox hosts (hvd_scripts/cluster_sandbox.sh) the --np ranks "
+                             "are spread over, --np/--hosts per host; 1: one host, its "
+                             "loopback limited to the rate (default)")
     parser.add_argument("--backend", nargs="+", default=["horovod"], choices=BACKENDS,
                         help="transports to run every method on (default: horovod)")
     parser.add_argument("--out", type=Path, default=REPO / "runs/benchmarks/e2e")
@@ -256,14 +294,17 @@ def main() -> int:
     parser.add_argument("--set", dest="extra", action="append", default=[],
                         help="extra train.py override for every run (KEY=VALUE)")
     args = parser.parse_args()
+    if args.hosts < 1 or args.np % args.hosts:
+        parser.error(f"--hosts {args.hosts} must be >= 1 and divide --np {args.np}")
     if "dense" not in args.methods:
         parser.error("--methods must include dense: every ratio is to the dense run")
     methods = ["dense"] + [m for m in args.methods if m != "dense"]
     workload = WORKLOADS[args.workload][0]
     args.steps = args.steps or WORKLOADS[args.workload][2]
     backends = list(dict.fromkeys(args.backend))
+    layout = f"{args.np} ranks" + (f" on {args.hosts} hosts" if args.hosts > 1 else "")
     print(f"end-to-end: {len(methods)} methods x {len(args.rates)} rates x {len(backends)} "
-          f"backends, {args.steps} steps, {args.np} ranks, workload {workload}", flush=True)
+          f"backends, {args.steps} steps, {layout}, workload {workload}", flush=True)
     sections, everything = [], {}
     for rate in args.rates:
         by_backend = {}
@@ -276,7 +317,7 @@ def main() -> int:
                     continue
                 run_dir = (run_dir_of(args.out, rate, backend, method) if args.summarize_only
                            else run_one(method, rate, args.steps, args.out, args.np, args.extra,
-                                        args.workload, backend))
+                                        args.workload, backend, hosts=args.hosts))
                 results[method] = load(run_dir)
             dense_steps = results["dense"]["steps"]
             target = smoothed(dense_steps)[int(0.8 * len(dense_steps)) - 1]
@@ -296,7 +337,7 @@ def main() -> int:
     sys.path.insert(0, str(REPO))
     from gravac.util.atomic import atomic_write_text
 
-    header = (f"# End-to-end results\n\n{len(methods)} methods, {args.steps} steps, {args.np} ranks,"
+    header = (f"# End-to-end results\n\n{len(methods)} methods, {args.steps} steps, {layout},"
               f" workload `{workload}`, command `{' '.join(sys.argv)}`\n\n")
     atomic_write_text(args.out / "results.md", header + "\n\n".join(sections) + "\n")
     atomic_write_text(args.out / "results.json", json.dumps(everything, indent=1, default=str))
