@@ -82,11 +82,13 @@ def part1(models, names, theta_min, theta_c, repeats, min_numel):
 
 
 def part2(models, names, theta_min, theta_c, repeats, min_numel):
-    """GraVAC's phase through the optimizer's own _select/_agree_gains (Horovod, 1 rank)."""
+    """GraVAC's phase through the optimizer's own engine: both levels' selection and the
+    gains allreduce (Horovod, 1 rank)."""
     import horovod.torch as hvd
 
     import gravac
     from gravac.controllers import Static
+    from gravac.engine.selection import gain_row
 
     hvd.init()
     rows = []
@@ -101,17 +103,18 @@ def part2(models, names, theta_min, theta_c, repeats, min_numel):
                                               model.named_parameters(), compressor=name,
                                               controller=Static(theta_min),
                                               min_compress_numel=min_numel)
-            layers = [l for l in opt._layers if l.compressible]
+            engine = opt._engine
+            layers = [l for l in engine.layers if l.compressible]
             g_efs = [opt.memory.compensate(l.name, l.param.grad) for l in layers]
 
             def static_phase():
                 for layer, g_ef in zip(layers, g_efs):
-                    opt._select(layer, g_ef, theta_min, None, 0)
+                    engine.select(layer, g_ef, theta_min, None, 0)
 
             def gravac_phase():
-                sels = [opt._select(layer, g_ef, theta_min, theta_c, 0)
+                sels = [engine.select(layer, g_ef, theta_min, theta_c, 0)
                         for layer, g_ef in zip(layers, g_efs)]
-                opt._agree_gains(sels, 0)
+                engine.agree_gain_rows([gain_row(s, "energy") for s in sels])
 
             t_static = timed(static_phase, repeats)
             t_gravac = timed(gravac_phase, repeats)

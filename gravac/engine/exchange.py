@@ -28,6 +28,22 @@ from ..memory import ResidualMemory
 from .codec import SparseCodec, SparseLayer
 from .layers import Layer
 
+#: How sparse layers travel between ranks (docs/ALGORITHM.md §13).
+EXCHANGES = ("allgather", "hierarchical", "shared_index")
+
+
+def check_exchange(exchange: str, compressor) -> str:
+    """``exchange`` if it is one of ``EXCHANGES`` and applies to ``compressor``."""
+    if exchange not in EXCHANGES:
+        raise ValueError(f"exchange must be one of {', '.join(EXCHANGES)}, got {exchange!r}")
+    if exchange != "allgather" and (compressor.is_dense or compressor.is_lowrank):
+        what = "everything" if compressor.is_dense else "low-rank factors"
+        raise ValueError(f"exchange={exchange!r} moves sparse selections; compressor "
+                         f"{compressor.name!r} sends {what} by allreduce already: use "
+                         f"exchange='allgather' (the default)")
+    return exchange
+
+
 #: How dense layers travel: as they are, or cast to fp16 (Horovod's Compression.fp16).
 DENSE_WIRE = ("native", "fp16")
 

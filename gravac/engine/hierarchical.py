@@ -35,11 +35,10 @@ import torch
 from ..comm import Comm
 from ..compressors import num_kept
 from ..controllers import SENT_CANDIDATE, SENT_DENSE
-from ..memory import SparseSent
-from .decision import checked_decision
 from .exchange import AllgatherExchange
 from .layers import Layer
 from .phases import PhaseClock
+from .selection import apply_decision, gain_row
 
 
 def host_groups(comm: Comm, host_of_rank: Sequence[int] | None = None,
@@ -106,7 +105,6 @@ class HierarchicalStep:
     # -- the step -------------------------------------------------------------------------
     def synchronize(self, plan, step: int, clock: PhaseClock, t_compute,
                     local_bad: bool | None):
-        from .step import flagged_ranks, gain_row   # step.py imports this module
         e = self.engine
         if self._bound is not e.comm:
             self._build(e.comm)
@@ -122,47 +120,30 @@ class HierarchicalStep:
                     sel = e.feed_and_select(layer, plan, step, clock)
                     if sel is not None:
                         selections.append(sel)
-        gain_min = gain_c = None
+        sent, gain_min, gain_c, bad = e.decide(
+            plan, [gain_row(s, plan.gain_measure) for s in selections] if plan.needs_gains
+            else [], clock, local_bad, bool(compressed), candidate_planned)
+        if bad:
+            e.memory.rollback_step()
+            return e.skip(step, bad, clock, t_compute)
         if plan.needs_gains:
-            rows = [gain_row(s, plan.gain_measure) for s in selections]
-            gain_min, gain_c, bad = e.agree_gain_rows(rows, clock, local_bad)
-            if bad:
-                e.memory.rollback_step()
-                return e.skip(step, bad, clock, t_compute)
             local_bad = None
-            if not candidate_planned:
-                gain_c = None
-        sent = checked_decision(e.controller, gain_min, gain_c, bool(compressed),
-                                candidate_planned, plan.decided)
-        clock.lap("t_control")
         t_discarded = 0.0
         if sent == SENT_DENSE and compressed:
             t_discarded = sum(clock.times[p] for p in ("t_select", "t_norms", "t_wait_gains"))
-        payload = []
+        payload = apply_decision(e.memory, selections, sent)   # leaders' selections only
         if sent == SENT_DENSE:
-            for s in selections:
-                s.layer.param.grad.view(-1).copy_(s.g_ef)
-                e.memory.update(s.layer.name, s.g_ef, None)
-            dense = dense + compressed
-            compressed = []
-        else:
-            for s in selections:
-                idx, val = (s.idx_c, s.val_c) if sent == SENT_CANDIDATE else (s.idx_min, s.val_min)
-                payload.append((s.layer, val, idx))
-                e.memory.update(s.layer.name, s.g_ef, SparseSent(idx, val))
+            dense, compressed = dense + compressed, []
         clock.lap("t_residual")
         pending = None
         if self.is_leader:
             packed = self.exchange.pack(payload)
             clock.lap("t_pack", sync=True)
             pending = self.exchange.start(packed, dense, same_size=e.compressor.exact_count)
-        flags = None
-        if local_bad is not None:
-            flags = e.comm.allreduce_async(e.flags(local_bad), op="sum",
-                                           name=f"{e.prefix}.finite")
+        flags = e.start_flags(local_bad)
         if pending is not None:
             pending.wait()
-        bad = flagged_ranks(flags.wait()) if flags is not None else []
+        bad = e.finish_flags(flags)
         clock.lap("t_wait_exchange", sync=True)
         if bad:
             e.memory.rollback_step()

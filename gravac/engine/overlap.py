@@ -47,7 +47,7 @@ from .decision import checked_decision
 from .layers import Layer
 from .phases import PhaseClock
 from .record import StepStats
-from .step import flagged_ranks, gain_row, has_nonfinite
+from .selection import flagged_ranks, gain_row, has_nonfinite
 
 
 #: The first bucket closes at 1 MiB (or the cap, if smaller), as DDP's: the last layers'

@@ -33,10 +33,9 @@ from __future__ import annotations
 import torch
 
 from ..compressors import num_kept
-from ..controllers import SENT_CANDIDATE, SENT_DENSE
-from ..memory import SparseSent
-from .decision import checked_decision
+from ..controllers import SENT_DENSE
 from .phases import PhaseClock
+from .selection import Selection, apply_decision, gain_row
 
 
 class SharedIndexStep:
@@ -60,7 +59,6 @@ class SharedIndexStep:
     # -- the step -------------------------------------------------------------------------
     def synchronize(self, plan, step: int, clock: PhaseClock, t_compute,
                     local_bad: bool | None):
-        from .step import _Selection, flagged_ranks, gain_row
         e = self.engine
         dense = [l for l in e.layers if not l.compressible]
         fed = []                               # (layer, g_ef, cf) of the compressed layers
@@ -78,72 +76,58 @@ class SharedIndexStep:
         index_sets = self._index_sets(fed, with_candidate, plan.theta_c, step, clock)
         selections = []
         for (layer, g_ef, _), (idx_min, idx_c) in zip(fed, index_sets):
-            sel = _Selection(layer, g_ef, idx_min, g_ef[idx_min])
+            sel = Selection(layer, g_ef, idx_min, g_ef[idx_min])
             if idx_c is not None:
                 sel.idx_c, sel.val_c = idx_c, g_ef[idx_c]
             selections.append(sel)
         clock.lap("t_select")
 
-        gain_min = gain_c = None
+        sent, gain_min, gain_c, bad = e.decide(
+            plan, [gain_row(s, plan.gain_measure) for s in selections] if plan.needs_gains
+            else [], clock, local_bad, bool(selections),
+            all(s.val_c is not None for s in selections))
+        if bad:
+            e.memory.rollback_step()
+            return e.skip(step, bad, clock, t_compute)
         if plan.needs_gains:
-            gain_min, gain_c, bad = e.agree_gain_rows(
-                [gain_row(s, plan.gain_measure) for s in selections], clock, local_bad)
-            if bad:
-                e.memory.rollback_step()
-                return e.skip(step, bad, clock, t_compute)
             local_bad = None
-            if not any(s.val_c is not None for s in selections):
-                gain_c = None
-        sent = checked_decision(e.controller, gain_min, gain_c, bool(selections),
-                                all(s.val_c is not None for s in selections), plan.decided)
-        clock.lap("t_control")
         t_discarded = 0.0
         if sent == SENT_DENSE and selections:
             t_discarded = sum(clock.times[p] for p in ("t_select", "t_norms", "t_wait_gains",
                                                        "t_wait_exchange"))
-        payload = []                            # (layer, indices, values: averaged in place)
-        for s in selections:
-            if sent == SENT_DENSE:
-                s.layer.param.grad.view(-1).copy_(s.g_ef)
-                e.memory.update(s.layer.name, s.g_ef, None)
-                dense.append(s.layer)
-                continue
-            idx, val = (s.idx_c, s.val_c) if sent == SENT_CANDIDATE else (s.idx_min, s.val_min)
-            # val is a copy (advanced indexing): the residual may take g_ef's buffer, and
-            # the allreduce may overwrite val.
-            e.memory.update(s.layer.name, s.g_ef, SparseSent(idx, val))
-            payload.append((s.layer, idx, val))
+        # (layer, values, indices); the values are copies, which the allreduce averages in place
+        payload = apply_decision(e.memory, selections, sent)
+        if sent == SENT_DENSE:
+            dense.extend(s.layer for s in selections)
         clock.lap("t_residual")
         # One grouped allreduce per values dtype (fp32 and fp64 cannot share a buffer).
         by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
-        for _, _, v in payload:
+        for _, v, _ in payload:
             by_dtype.setdefault(v.dtype, []).append(v)
         values = [e.comm.grouped_allreduce_async_(
             by_dtype[d], op="average",
             name=f"{e.prefix}.shared" + ("" if len(by_dtype) == 1 else f".{d}"))
             for d in sorted(by_dtype, key=str)]
         pending = e.exchange.start(None, dense)
-        flags = None
-        if local_bad is not None:
-            flags = e.comm.allreduce_async(e.flags(local_bad), op="sum", name=f"{e.prefix}.finite")
+        flags = e.start_flags(local_bad)
         for handle in values:
             handle.wait()
         pending.wait()
-        bad = flagged_ranks(flags.wait()) if flags is not None else []
+        bad = e.finish_flags(flags)
         clock.lap("t_wait_exchange", sync=True)
         if bad:
             e.memory.rollback_step()
             return e.skip(step, bad, clock, t_compute)
         pending.unpack()
-        for layer, idx, val in payload:
+        for layer, val, idx in payload:
             grad = layer.param.grad.view(-1)
             grad.zero_()
             grad[idx] = val.to(grad.dtype)
         clock.lap("t_unpack", sync=True)
-        sparse = [(layer, int(v.numel())) for layer, _, v in payload]
+        sparse = [(layer, int(v.numel())) for layer, v, _ in payload]
         kept = sum(n for _, n in sparse)
         index_bytes = 0 if e.compressor.shared_selection else self._index_bytes
-        value_bytes = sum(v.numel() * v.element_size() for _, _, v in payload)
+        value_bytes = sum(v.numel() * v.element_size() for _, v, _ in payload)
         stats = e.sent_stats(step, plan, sent, sparse, dense,
                              pending.bytes_sent + value_bytes + index_bytes, gain_min, gain_c,
                              clock, t_compute, t_discarded)

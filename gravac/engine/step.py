@@ -22,31 +22,27 @@ Example::
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 import torch
 
 from ..comm import Comm
 from ..compressors import Compressor, SelectContext, num_kept
 from ..controllers import SENT_CANDIDATE, SENT_DENSE, SENT_MIN, Controller, StepRecord
-from ..memory import ResidualMemory, SparseSent
+from ..memory import ResidualMemory
 from .agreement import check_agreement
 from .decision import checked_decision
-from .exchange import AllgatherExchange
+from .exchange import EXCHANGES, AllgatherExchange, check_exchange
+from .hierarchical import HierarchicalStep
 from .layers import Layer
 from .lowrank import LowRankStep
 from .phases import PhaseClock
 from .record import SENT_SKIPPED, StepStats
+from .selection import (Selection, apply_decision, flagged_ranks, gain_row,  # noqa: F401
+                        has_nonfinite)
+from .shared_index import SharedIndexStep
 
-
-@dataclass
-class _Selection:
-    layer: Layer
-    g_ef: torch.Tensor
-    idx_min: torch.Tensor
-    val_min: torch.Tensor
-    idx_c: torch.Tensor | None = None
-    val_c: torch.Tensor | None = None
+__all__ = ["EXCHANGES", "StepEngine", "check_exchange", "flagged_ranks", "gain_row",
+           "has_nonfinite"]
 
 
 class StepEngine:
@@ -82,10 +78,8 @@ class StepEngine:
         # The step of a non-default exchange (None: the allgather path below).
         self.route = None
         if exchange == "hierarchical":
-            from .hierarchical import HierarchicalStep
             self.route = HierarchicalStep(self, host_of_rank)
         elif exchange == "shared_index":
-            from .shared_index import SharedIndexStep
             self.route = SharedIndexStep(self)
         self.skipped_steps: list[dict] = []
         self._consecutive_skips = 0
@@ -165,7 +159,7 @@ class StepEngine:
             return self.route.synchronize(plan, step, clock, t_compute, local_bad)
 
         dense = [l for l in self.layers if not l.compressible]
-        selections: list[_Selection] = []
+        selections: list[Selection] = []
         for layer in self.layers:
             if not layer.compressible:
                 continue
@@ -175,49 +169,32 @@ class StepEngine:
             else:
                 selections.append(sel)
 
-        gain_min = gain_c = None
+        sent, gain_min, gain_c, bad_ranks = self.decide(
+            plan, [gain_row(s, plan.gain_measure) for s in selections] if plan.needs_gains
+            else [], clock, local_bad, bool(selections),
+            all(s.val_c is not None for s in selections))
+        if bad_ranks:
+            self.memory.rollback_step()
+            return self.skip(step, bad_ranks, clock, t_compute)
         if plan.needs_gains:
-            gain_min, gain_c, bad_ranks = self._agree_gains(selections, plan.gain_measure, clock,
-                                                            local_bad)
-            if bad_ranks:
-                self.memory.rollback_step()
-                return self.skip(step, bad_ranks, clock, t_compute)
             local_bad = None                     # agreed with the gains
-            if not any(s.val_c is not None for s in selections):
-                gain_c = None
-        sent = checked_decision(self.controller, gain_min, gain_c, bool(selections),
-                                all(s.val_c is not None for s in selections), plan.decided)
-        clock.lap("t_control")
 
-        payload = []
         # Compression computed and then not used (a dense decision): Algorithm 1 times a
         # dense step without it (line 23), so the controller is told t_iter minus this.
         t_discarded = 0.0
         if sent == SENT_DENSE and selections:
             t_discarded = sum(clock.times[p] for p in ("t_select", "t_norms", "t_wait_gains"))
+        payload = apply_decision(self.memory, selections, sent)
         if sent == SENT_DENSE:
-            for s in selections:
-                s.layer.param.grad.view(-1).copy_(s.g_ef)
-                self.memory.update(s.layer.name, s.g_ef, None)
-                dense.append(s.layer)
+            dense.extend(s.layer for s in selections)
             selections = []
-        else:
-            for s in selections:
-                idx, val = (s.idx_c, s.val_c) if sent == SENT_CANDIDATE else (s.idx_min, s.val_min)
-                payload.append((s.layer, val, idx))
-                # val is a copy (gathered), so g_ef's buffer may now become the residual.
-                self.memory.update(s.layer.name, s.g_ef, SparseSent(idx, val))
         clock.lap("t_residual")
         packed = self.exchange.pack(payload)
         clock.lap("t_pack", sync=True)
         pending = self.exchange.start(packed, dense, same_size=self.compressor.exact_count)
-        flags = None
-        if local_bad is not None:
-            # Started with the exchange: one more tiny allreduce in the same round.
-            flags = self.comm.allreduce_async(self.flags(local_bad), op="sum",
-                                              name=f"{self.prefix}.finite")
+        flags = self.start_flags(local_bad)
         pending.wait()
-        bad_ranks = flagged_ranks(flags.wait()) if flags is not None else []
+        bad_ranks = self.finish_flags(flags)
         clock.lap("t_wait_exchange", sync=True)
         if bad_ranks:
             # What arrived is discarded: gradients are not written, residuals go back.
@@ -293,7 +270,7 @@ class StepEngine:
 
 
     def feed_and_select(self, layer: Layer, plan, step: int,
-                        clock: PhaseClock) -> _Selection | None:
+                        clock: PhaseClock) -> Selection | None:
         """Error feedback and both levels' selection of one compressible layer at the
         plan's CF; None when the plan sends it dense (its gradient then absorbed the
         residual: free when that is zero, e.g. GraVAC settled on dense on a fast link)."""
@@ -309,12 +286,12 @@ class StepEngine:
         return sel
 
     def select(self, layer: Layer, g_ef: torch.Tensor, cf: float, theta_c: float | None,
-                step: int) -> _Selection:
+                step: int) -> Selection:
         rank = self.comm.rank
         k_min = num_kept(layer.numel, cf)
         idx_min = self.compressor.select(g_ef, k_min, SelectContext(step, layer.index, rank, 0))
         val_min = g_ef[idx_min]
-        sel = _Selection(layer, g_ef, idx_min, val_min)
+        sel = Selection(layer, g_ef, idx_min, val_min)
         if theta_c is not None and theta_c > cf:
             # Multi-level: the second pass sees the k_min kept values, not the n entries;
             # its k is the one a direct compression at θc would use.
@@ -323,20 +300,33 @@ class StepEngine:
             sel.idx_c, sel.val_c = idx_min[sub], val_min[sub]
         return sel
 
-    def _agree_gains(self, selections: list[_Selection], measure: str = "energy",
-                     clock: PhaseClock | None = None, local_bad: bool | None = None):
-        """Whole-model compression gains of both levels, summed over ranks with one tiny
-        allreduce: (gain_min, gain_c, ranks with a NaN/Inf gradient). ``"energy"``:
-        Σ‖g_min‖²/Σ‖g_ef‖² and Σ‖g_c‖²/Σ‖g_ef‖² (Algorithm 1); ``"norm"``: Σ‖g_min‖/Σ‖g‖
-        and Σ‖g_c‖/Σ‖g‖, per-layer norms with the raw gradient g (no residual) below, as
-        in the authors' code (it may exceed 1). ``local_bad`` (this rank's NaN/Inf flag,
-        None when already agreed) rides in the same allreduce."""
-        return self.agree_gain_rows([gain_row(s, measure) for s in selections], clock,
-                                     local_bad)
+    def decide(self, plan, rows: list[torch.Tensor], clock: PhaseClock,
+               local_bad: bool | None, has_layers: bool, candidate_planned: bool):
+        """The step's decision, the same on every rank: (sent, gain_min, gain_c, ranks with
+        a NaN/Inf). With ``plan.needs_gains`` the gains of ``rows`` (``gain_row``; this
+        rank's, maybe none) are agreed by one allreduce that also carries ``local_bad``
+        when not None; a non-empty list of ranks means the step must be skipped (sent is
+        then None). ``has_layers``/``candidate_planned`` must be the same on every rank."""
+        gain_min = gain_c = None
+        if plan.needs_gains:
+            gain_min, gain_c, bad_ranks = self.agree_gain_rows(rows, clock, local_bad)
+            if bad_ranks:
+                return None, gain_min, gain_c, bad_ranks
+            if not candidate_planned:
+                gain_c = None
+        sent = checked_decision(self.controller, gain_min, gain_c, has_layers,
+                                candidate_planned, plan.decided)
+        clock.lap("t_control")
+        return sent, gain_min, gain_c, []
 
     def agree_gain_rows(self, rows: list[torch.Tensor], clock: PhaseClock | None = None,
                          local_bad: bool | None = None):
-        """``_agree_gains`` from per-layer rows already measured (``gain_row``)."""
+        """Whole-model compression gains of both levels from per-layer rows (``gain_row``),
+        summed over ranks with one tiny allreduce: (gain_min, gain_c, ranks with a NaN/Inf
+        gradient). ``"energy"`` rows give Σ‖g_min‖²/Σ‖g_ef‖² and Σ‖g_c‖²/Σ‖g_ef‖²
+        (Algorithm 1); ``"norm"`` rows Σ‖g_min‖/Σ‖g‖ and Σ‖g_c‖/Σ‖g‖ with the raw gradient g,
+        as in the authors' code (it may exceed 1). ``local_bad`` (this rank's NaN/Inf flag,
+        None when already agreed) rides in the same allreduce."""
         if rows:
             # Summed on the gradients' device and moved once: one sync, not one per layer.
             sums = torch.stack(rows).double().sum(0).cpu()
@@ -362,6 +352,19 @@ class StepEngine:
         if local_bad:
             flags[self.comm.rank] = 1.0
         return flags
+
+    def start_flags(self, local_bad: bool | None):
+        """The NaN/Inf flags' allreduce when the gains did not carry them (``local_bad``
+        not None), started beside the exchange: one more tiny allreduce in its round."""
+        if local_bad is None:
+            return None
+        return self.comm.allreduce_async(self.flags(local_bad), op="sum",
+                                         name=f"{self.prefix}.finite")
+
+    @staticmethod
+    def finish_flags(handle) -> list[int]:
+        """The ranks flagged by ``start_flags``' allreduce ([] when it was not needed)."""
+        return flagged_ranks(handle.wait()) if handle is not None else []
 
     def _agree_flags(self, local_bad: bool, clock: PhaseClock) -> list[int]:
         """Ranks whose gradient has a NaN or Inf this step, agreed by one tiny allreduce
@@ -399,63 +402,6 @@ class StepEngine:
                                     like={l.name: l.param for l in self.layers})
         self.controller.load_state_dict(state["controller"])
         self.compressor.load_state_dict(state.get("compressor", {}))
-
-
-#: How sparse layers travel between ranks (docs/ALGORITHM.md §13).
-EXCHANGES = ("allgather", "hierarchical", "shared_index")
-
-
-def check_exchange(exchange: str, compressor: Compressor) -> str:
-    """``exchange`` if it is one of ``EXCHANGES`` and applies to ``compressor``."""
-    if exchange not in EXCHANGES:
-        raise ValueError(f"exchange must be one of {', '.join(EXCHANGES)}, got {exchange!r}")
-    if exchange != "allgather" and (compressor.is_dense or compressor.is_lowrank):
-        what = "everything" if compressor.is_dense else "low-rank factors"
-        raise ValueError(f"exchange={exchange!r} moves sparse selections; compressor "
-                         f"{compressor.name!r} sends {what} by allreduce already: use "
-                         f"exchange='allgather' (the default)")
-    return exchange
-
-
-def has_nonfinite(grads: list[torch.Tensor]) -> bool:
-    """Whether any entry is NaN or Inf: one sum per tensor (a NaN or Inf entry makes it
-    NaN or Inf), entry by entry only when a sum is not finite (finite entries may
-    overflow the sum). A float64 sum was ~10x the cost of a float32 one on CPU."""
-    if not grads:
-        return False
-    sums = torch.stack([g.sum(dtype=torch.float32 if g.dtype in (torch.float16, torch.bfloat16)
-                              else g.dtype).double() for g in grads])
-    if bool(torch.isfinite(sums).all()):
-        return False
-    return any(not bool(torch.isfinite(g).all()) for g in grads)
-
-
-def flagged_ranks(flags: torch.Tensor) -> list[int]:
-    """The ranks whose entry of a summed one-hot flag vector (``StepEngine.flags``) is set."""
-    return [r for r, f in enumerate(flags.tolist()) if f > 0]
-
-
-def gain_row(s: _Selection, measure: str) -> torch.Tensor:
-    """One layer's part of the compression gains: [‖g_min‖², ‖g_c‖², ‖g_ef‖²] for
-    ``"energy"``, [‖g_min‖, ‖g_c‖, ‖g‖] (raw gradient) for ``"norm"``. Measure it before
-    the residual update, which reuses g_ef's buffer."""
-    if measure == "energy":
-        return torch.stack([_sq_norm(s.val_min), _sq_norm(_val_c(s)), _sq_norm(s.g_ef)])
-    if measure == "norm":
-        return torch.stack([_sq_norm(s.val_min), _sq_norm(_val_c(s)),
-                            _sq_norm(s.layer.param.grad)]).sqrt()
-    raise ValueError(f"gain measure must be 'energy' or 'norm', got {measure!r}")
-
-
-def _sq_norm(t: torch.Tensor) -> torch.Tensor:
-    t = t.reshape(-1)
-    if t.dtype != torch.float32 and t.dtype != torch.float64:
-        t = t.float()
-    return torch.dot(t, t)
-
-
-def _val_c(s: _Selection) -> torch.Tensor:
-    return s.val_c if s.val_c is not None else s.val_min
 
 
 def _effective_cf(numel: int, kept: int) -> float:
