@@ -68,11 +68,20 @@ class HorovodComm(Comm):
             raise ValueError("allgather_bytes takes a 1-D uint8 tensor")
         return _HorovodHandle(hvd.allgather_async(buffer, name=name, process_set=self.process_set))
 
+    def _global(self, root: int) -> int:
+        """Horovod names a broadcast's root by its GLOBAL rank, also within a process set
+        (hvd.broadcast_ refuses set-relative roots that are not members)."""
+        check_ranks([root], self.size)
+        members = self.process_set.ranks
+        return root if members is None else sorted(members)[root]
+
     def broadcast_(self, tensor, root, name) -> None:
-        hvd.broadcast_(tensor, root_rank=root, name=name, process_set=self.process_set)
+        hvd.broadcast_(tensor, root_rank=self._global(root), name=name,
+                       process_set=self.process_set)
 
     def broadcast_object(self, obj: Any, name: str, root: int = 0) -> Any:
-        return hvd.broadcast_object(obj, root_rank=root, name=name, process_set=self.process_set)
+        return hvd.broadcast_object(obj, root_rank=self._global(root), name=name,
+                                    process_set=self.process_set)
 
     def allgather_object(self, obj: Any, name: str) -> list:
         # hvd.allgather_object has no process_set in 0.28.1: pickle over the byte allgather.

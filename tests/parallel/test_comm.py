@@ -79,6 +79,11 @@ def test_subgroups_reduce_among_their_members_only(rank, size):
     assert len(mine) == 1 and (mine[0].rank, mine[0].size) == (0, 1)
     solo = mine[0].allreduce(torch.tensor([float(rank)]), op="sum", name="t.solo")
     assert solo.item() == rank
+    # Roots are ranks of the sub-group (Horovod wants global ones: the Comm translates).
+    t = torch.tensor([float(rank)])
+    mine[0].broadcast_(t, root=0, name="t.solo.bcast")
+    assert t.item() == rank
+    assert mine[0].broadcast_object({"rank": rank}, name="t.solo.obj") == {"rank": rank}
     pair = COMM.subgroup(list(range(size))[::-1], name="t.all")     # members in rank order
     assert pair is not None and (pair.rank, pair.size) == (rank, size)
     total = pair.allreduce(torch.tensor([1.0]), op="sum", name="t.pair")
