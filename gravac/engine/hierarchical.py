@@ -1,25 +1,29 @@
-"""The hierarchical exchange: dense inside a host, sparse among one leader per host.
+"""The hierarchical exchange: dense inside a host, sparse across hosts, work shared by shard.
 
-With N ranks on H hosts, the allgather exchange has every rank receive the selections of
-N − 1 others; here only the H host leaders exchange, so the sparse traffic across hosts is
-that of H ranks (``../shared/ALGORITHM.md``, "Exchanges"; docs/ALGORITHM.md §13). Per step,
-on every rank:
+With N ranks on H hosts of S ranks each, the allgather exchange has every rank receive the
+selections of N − 1 others; here each host sends ONE selection of the host's average
+gradient across hosts, so the sparse traffic on the slow link is that of H ranks
+(``../shared/ALGORITHM.md``, "Exchanges"; docs/ALGORITHM.md §13). As in Horovod's and
+NCCL's hierarchical allreduce, the host's ranks split the work: the layers are cut into S
+shards (the same cut on every host, balanced by size), and the rank with local index j
+compresses and exchanges shard j only. Per step, on every rank:
 
 1. the host's ranks average their gradients densely (one grouped allreduce per dtype over
    the host's group: loopback or shared memory, not the slow link);
-2. the leader (the host's lowest rank) runs error feedback and both levels' selection on
-   the host average: residuals live on the leaders only (of the host-averaged gradient);
-3. ONE gains allreduce over all ranks (the others add zeros, and every rank's NaN/Inf
-   flag rides in it), so every rank takes the same decision and the controller's state
-   stays the same everywhere;
-4. the leaders exchange as the allgather exchange does, among themselves (sparse allgather
-   + dense grouped allreduce); each host's average weighs its ranks equally, so the
-   average over leaders is the average over all ranks (every host must have as many ranks);
-5. the leader shares the result inside its host: one broadcast per dtype of the flat
-   gradients.
+2. each rank runs error feedback and both levels' selection on its shard of the host
+   average: a layer's residual lives on the rank owning its shard (with one rank per host,
+   every rank owns everything: the allgather exchange);
+3. ONE gains allreduce over all ranks (each adds its shard's rows; every rank's NaN/Inf
+   flag rides in it): the sums are those of one selection per host over every layer, so
+   every rank takes the same decision and the controller's state stays the same everywhere;
+4. the ranks with local index j, one per host, exchange shard j among themselves as the
+   allgather exchange does (sparse allgather + dense grouped allreduce): S exchanges of H
+   ranks, in parallel. Each host's average weighs its ranks equally, so the average over
+   hosts is the average over all ranks (every host must have as many ranks);
+5. the host's ranks share their shards' results: ONE byte allgather over the host's group.
 
-Collectives: host average, gains (all ranks), leaders' exchange, NaN flags when not agreed
-yet (all ranks), host broadcast: each chosen from the plan and agreed values only.
+Collectives: host average, gains (all ranks), shard exchange, NaN flags when not agreed yet
+(all ranks), host allgather: each chosen from the plan and agreed values only.
 
 Example::
 
@@ -58,10 +62,22 @@ def host_groups(comm: Comm, host_of_rank: Sequence[int] | None = None,
     if len(sizes) > 1:
         layout = ", ".join(f"host {i}: ranks {g}" for i, g in enumerate(ordered))
         raise ValueError(f"the hierarchical exchange needs the same number of ranks on every "
-                         f"host (the average over host leaders weighs hosts alike); got "
+                         f"host (the average over hosts weighs hosts alike); got "
                          f"{layout}. Give every host the same slots, or use "
                          f"compression.exchange=allgather")
     return ordered
+
+
+def shard_layers(layers: Sequence[Layer], shards: int) -> list[int]:
+    """The shard (0 .. shards−1) of each layer: largest first onto the lightest shard, so
+    the shards' element counts are balanced; the same answer on every rank."""
+    owner = [0] * len(layers)
+    load = [0] * shards
+    for i in sorted(range(len(layers)), key=lambda i: (-layers[i].numel, i)):
+        j = min(range(shards), key=lambda j: (load[j], j))
+        owner[i] = j
+        load[j] += layers[i].numel
+    return owner
 
 
 class HierarchicalStep:
@@ -81,26 +97,37 @@ class HierarchicalStep:
         self._bound = None
 
     def _build(self, comm: Comm) -> None:
-        """The host and leader groups (collective on every rank of ``comm``)."""
+        """Host groups, shard peer groups and the shards (collective on every rank)."""
         e = self.engine
         if self._host_of_rank is not None and len(self._host_of_rank) != comm.size:
             self._host_of_rank = None      # an elastic reset changed the ranks: ask again
         groups = host_groups(comm, self._host_of_rank, name=f"{e.prefix}.hosts")
         self.hosts = groups
+        slots = len(groups[0])
         self.host_comm = None
         for k, ranks in enumerate(groups):   # every rank makes every group, same order
             sub = comm.subgroup(ranks, name=f"{e.prefix}.host{k}")
             if sub is not None:
-                self.host_comm = sub
-        self.leaders = [g[0] for g in groups]
-        self.leader_comm = comm.subgroup(self.leaders, name=f"{e.prefix}.leaders")
-        self.is_leader = self.leader_comm is not None
-        self.exchange = None if not self.is_leader else \
-            AllgatherExchange(self.leader_comm, f"{e.prefix}.x", e.exchange.dense_wire)
+                self.host_comm, self.local = sub, ranks.index(comm.rank)
+        self.peer_comm = None
+        for j in range(slots):               # the j-th rank of every host
+            sub = comm.subgroup([g[j] for g in groups], name=f"{e.prefix}.shard{j}")
+            if sub is not None:
+                self.peer_comm = sub
+        owner = shard_layers(e.layers, slots)
+        self.shards = [[l for l, o in zip(e.layers, owner) if o == j] for j in range(slots)]
+        self.mine = self.shards[self.local]
+        self.exchange = AllgatherExchange(self.peer_comm, f"{e.prefix}.x{self.local}",
+                                          e.exchange.dense_wire)
         self._bound = comm
 
     def describe(self) -> dict:
         return {"kind": self.kind}
+
+    def owner(self, name: str) -> int:
+        """The local index of the rank (on every host) that compresses layer ``name``."""
+        return next(j for j, shard in enumerate(self.shards) if any(l.name == name
+                                                                     for l in shard))
 
     # -- the step -------------------------------------------------------------------------
     def synchronize(self, plan, step: int, clock: PhaseClock, t_compute,
@@ -109,17 +136,19 @@ class HierarchicalStep:
         if self._bound is not e.comm:
             self._build(e.comm)
         self._host_average(clock)
+        # Decided on the whole model (every rank alike), worked on this rank's shard.
         compressed = [l for l in e.layers if l.compressible and plan.cf_of(l.name) > 1]
-        dense = [l for l in e.layers if not l.compressible or plan.cf_of(l.name) <= 1]
         candidate_planned = bool(compressed) and all(
             plan.theta_c is not None and plan.theta_c > plan.cf_of(l.name) for l in compressed)
+        mine_dense = [l for l in self.mine if not l.compressible]
         selections = []
-        if self.is_leader:
-            for layer in e.layers:
-                if layer.compressible:
-                    sel = e.feed_and_select(layer, plan, step, clock)
-                    if sel is not None:
-                        selections.append(sel)
+        for layer in self.mine:
+            if layer.compressible:
+                sel = e.feed_and_select(layer, plan, step, clock)
+                if sel is None:
+                    mine_dense.append(layer)
+                else:
+                    selections.append(sel)
         sent, gain_min, gain_c, bad = e.decide(
             plan, [gain_row(s, plan.gain_measure) for s in selections] if plan.needs_gains
             else [], clock, local_bad, bool(compressed), candidate_planned)
@@ -131,36 +160,35 @@ class HierarchicalStep:
         t_discarded = 0.0
         if sent == SENT_DENSE and compressed:
             t_discarded = sum(clock.times[p] for p in ("t_select", "t_norms", "t_wait_gains"))
-        payload = apply_decision(e.memory, selections, sent)   # leaders' selections only
+        payload = apply_decision(e.memory, selections, sent)
         if sent == SENT_DENSE:
-            dense, compressed = dense + compressed, []
+            mine_dense += [s.layer for s in selections]
         clock.lap("t_residual")
-        pending = None
-        if self.is_leader:
-            packed = self.exchange.pack(payload)
-            clock.lap("t_pack", sync=True)
-            pending = self.exchange.start(packed, dense, same_size=e.compressor.exact_count)
+        packed = self.exchange.pack(payload)
+        clock.lap("t_pack", sync=True)
+        pending = self.exchange.start(packed, mine_dense, same_size=e.compressor.exact_count)
         flags = e.start_flags(local_bad)
-        if pending is not None:
-            pending.wait()
+        pending.wait()
         bad = e.finish_flags(flags)
         clock.lap("t_wait_exchange", sync=True)
         if bad:
             e.memory.rollback_step()
             return e.skip(step, bad, clock, t_compute)
-        if pending is not None:
-            pending.unpack()
-            clock.lap("t_unpack", sync=True)
+        pending.unpack()
+        clock.lap("t_unpack", sync=True)
         self._host_share(clock)
-        # The leader's record is exact; the other ranks sent nothing across hosts and count
-        # what their leader planned (exact for Top-k/Random-k; DGC/RedSync vary a little).
-        if self.is_leader:
-            sparse = [(layer, int(v.numel())) for layer, v, _ in payload]
+        # Exact counts for this rank's shard; the others' as planned (exact for Top-k and
+        # Random-k; DGC/RedSync keep about k). bytes_sent: this rank's across hosts.
+        own = {layer.name: int(v.numel()) for layer, v, _ in payload}
+        level = plan.theta_c if sent == SENT_CANDIDATE else None
+        if sent == SENT_DENSE:
+            sparse, dense = [], list(e.layers)
         else:
-            level = plan.theta_c if sent == SENT_CANDIDATE else None
-            sparse = [(l, num_kept(l.numel, level or plan.cf_of(l.name))) for l in compressed]
-        return e.sent_stats(step, plan, sent, sparse, dense,
-                            pending.bytes_sent if pending is not None else 0, gain_min,
+            sparse = [(l, own.get(l.name, num_kept(l.numel, level or plan.cf_of(l.name))))
+                      for l in compressed]
+            names = {l.name for l in compressed}
+            dense = [l for l in e.layers if l.name not in names]
+        return e.sent_stats(step, plan, sent, sparse, dense, pending.bytes_sent, gain_min,
                             gain_c, clock, t_compute, t_discarded)
 
     # -- inside a host --------------------------------------------------------------------
@@ -172,7 +200,7 @@ class HierarchicalStep:
 
     def _host_average(self, clock: PhaseClock) -> None:
         hc = self.host_comm
-        if hc is None or hc.size == 1:
+        if hc.size == 1:
             return
         clock.lap("t_check", sync=True)
         handles = [hc.grouped_allreduce_async_([l.param.grad for l in layers], op="average",
@@ -183,19 +211,24 @@ class HierarchicalStep:
         clock.lap("t_wait_exchange", sync=True)
 
     def _host_share(self, clock: PhaseClock) -> None:
-        """The leader's averaged gradients to the other ranks of its host."""
+        """Every rank's shard of averaged gradients to the other ranks of its host: one
+        allgather of bytes (each shard's layers in order, as they are in memory)."""
         hc = self.host_comm
-        if hc is None or hc.size == 1:
+        if hc.size == 1:
             return
-        for i, layers in enumerate(self._by_dtype()):
-            grads = [l.param.grad for l in layers]
-            flat = torch.cat([g.reshape(-1) for g in grads]) if self.is_leader else \
-                torch.empty(sum(g.numel() for g in grads), dtype=grads[0].dtype,
-                            device=grads[0].device)
-            hc.broadcast_(flat, root=0, name=f"{self.engine.prefix}.host_share{i}")
-            if not self.is_leader:
-                offset = 0
-                for g in grads:
-                    g.view(-1).copy_(flat[offset:offset + g.numel()])
-                    offset += g.numel()
+        mine = [l.param.grad.reshape(-1).view(torch.uint8) for l in self.mine]
+        buffer = torch.cat(mine) if mine else torch.zeros(0, dtype=torch.uint8)
+        gathered = hc.allgather_bytes(buffer, name=f"{self.engine.prefix}.host_share")
         clock.lap("t_wait_exchange", sync=True)
+        pos = 0
+        for j, shard in enumerate(self.shards):
+            for layer in shard:
+                grad = layer.param.grad
+                nbytes = grad.numel() * grad.element_size()
+                if j != self.local:
+                    raw = gathered[pos:pos + nbytes]
+                    if pos % grad.element_size():    # after a layer of a smaller dtype
+                        raw = raw.clone()
+                    grad.view(-1).copy_(raw.view(grad.dtype))
+                pos += nbytes
+        clock.lap("t_unpack", sync=True)

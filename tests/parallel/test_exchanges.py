@@ -51,7 +51,7 @@ def test_shared_index_is_the_average_at_the_rotating_leaders_topk(cf, rank, size
 
 
 @pytest.mark.parametrize("layout", ["launcher", "rank-per-host"])
-def test_hierarchical_is_topk_of_the_host_average_among_leaders(layout, rank, size):
+def test_hierarchical_is_topk_of_each_hosts_average_across_hosts(layout, rank, size):
     model = make_net()
     cf = 10
     if layout == "launcher":   # the hosts the launcher placed ranks on (one, or the sandbox's)
@@ -60,7 +60,7 @@ def test_hierarchical_is_topk_of_the_host_average_among_leaders(layout, rank, si
                                     exchange="hierarchical")
         nodes = COMM.allgather_object(COMM.node, name="test.exchange.nodes")
         groups = [[r for r in range(size) if nodes[r] == n] for n in sorted(set(nodes))]
-    else:                      # each rank a host of its own: the leaders are every rank
+    else:                      # each rank a host of its own: the allgather exchange
         opt = wrap_optimizer(torch.optim.SGD(model.parameters(), lr=0.0),
                              model.named_parameters(), COMM, controller=Static(cf=cf),
                              exchange="hierarchical", host_of_rank=list(range(size)))
@@ -86,13 +86,14 @@ def test_hierarchical_is_topk_of_the_host_average_among_leaders(layout, rank, si
                 expected = total / len(groups)
             assert torch.allclose(p.grad.view(-1), expected, rtol=0, atol=1e-6), \
                 f"{n} step {step}"
-        mine = [h for h, g in enumerate(groups) if g[0] == rank]
+        # Each layer's residual lives on exactly one rank of each host (its shard's owner).
+        mine = next(h for h, g in enumerate(groups) if rank in g)
         for n in names:
-            if mine:
-                assert torch.allclose(opt.memory[n].view(-1), residual[(mine[0], n)],
+            holders = COMM.allgather_object(n in opt.memory, name=f"test.holds.{n}")
+            assert all(sum(holders[r] for r in g) == 1 for g in groups), (n, holders)
+            if n in opt.memory:
+                assert torch.allclose(opt.memory[n].view(-1), residual[(mine, n)],
                                       rtol=0, atol=1e-6)
-            else:
-                assert n not in opt.memory      # residuals live on the leaders only
 
 
 @pytest.mark.parametrize("exchange", ["shared_index", "hierarchical"])

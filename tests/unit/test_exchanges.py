@@ -194,7 +194,7 @@ def test_shared_index_with_a_threshold_compressor_sends_the_leaders_variable_cou
 
 
 # -- hierarchical -----------------------------------------------------------------------------
-def test_hierarchical_averages_inside_hosts_and_exchanges_topk_among_leaders():
+def test_hierarchical_averages_inside_hosts_and_exchanges_topk_across_hosts():
     hosts = [0, 0, 1, 1]
     result = run("hierarchical", hosts=hosts)
     groups = [[0, 1], [2, 3]]
@@ -206,27 +206,39 @@ def test_hierarchical_averages_inside_hosts_and_exchanges_topk_among_leaders():
                 expected = torch.stack(host_avg).mean(0)
             else:
                 expected = torch.zeros(math.prod(SHAPES[name]))
-                sent_at = torch.zeros_like(expected)
                 for h in range(2):
                     e = (host_avg[h] + residual[h][name]).view(-1)
                     idx = _top(e, k_of(name))
                     expected[idx] += e[idx]
-                    sent_at[idx] = 1
                     left = e.clone()
                     left[idx] = 0
-                    leader = groups[h][0]
-                    torch.testing.assert_close(result[leader][step][1][name].view(-1), left,
+                    # The residual lives on the one rank of the host that owns the layer.
+                    owners = [r for r in groups[h] if name in result[r][step][1]]
+                    assert len(owners) == 1, (name, owners)
+                    torch.testing.assert_close(result[owners[0]][step][1][name].view(-1), left,
                                                rtol=0, atol=1e-6)
                     residual[h][name] = left.view(SHAPES[name])
                 expected = expected / 2
             for r in range(N):
                 torch.testing.assert_close(result[r][step][0][name].view(-1),
                                            expected.view(-1), rtol=0, atol=1e-6)
-    # Residuals live on the leaders only; the other ranks keep none.
-    assert result[1][2][1] == {} and result[3][2][1] == {}
-    # The leaders' records say what crossed hosts; the others sent nothing across.
-    assert result[0][0][2].bytes_sent > 0 and result[1][0][2].bytes_sent == 0
-    assert result[0][0][2].values_sent == result[1][0][2].values_sent
+    # The two weights are in different shards: each rank of a host compresses one, and the
+    # same local index owns the same layer on both hosts.
+    owned = [sorted(result[r][2][1]) for r in range(N)]
+    assert owned[0] == owned[2] and owned[1] == owned[3] and owned[0] != owned[1]
+    assert sorted(owned[0] + owned[1]) == sorted(COMPRESSED)
+    # Every rank counts the host's values alike; bytes_sent is what it sent across hosts.
+    assert len({result[r][0][2].values_sent for r in range(N)}) == 1
+    assert all(result[r][0][2].bytes_sent > 0 for r in range(N))
+
+
+def test_hierarchical_shards_balance_the_layers_of_a_host():
+    from gravac.engine.hierarchical import shard_layers
+    from gravac.engine.layers import Layer
+    layers = [Layer(i, f"l{i}", torch.zeros(1), n, True) for i, n in enumerate([10, 40, 30, 20])]
+    assert shard_layers(layers, 2) == [0, 0, 1, 1]      # 40+10 | 30+20
+    assert shard_layers(layers, 1) == [0, 0, 0, 0]
+    assert shard_layers(layers, 5) == [3, 0, 1, 2]     # a shard may be empty
 
 
 def test_hierarchical_with_one_rank_per_host_is_the_allgather_exchange():
