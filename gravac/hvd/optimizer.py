@@ -64,7 +64,8 @@ def DistributedOptimizer(optimizer, named_parameters, compressor="topk", control
             hooks send (gradient accumulation, as Horovod's option of that name).
         exchange: how sparse selections travel: ``"allgather"`` (default, the paper's:
             every rank receives every other's values and indices), ``"hierarchical"``
-            (dense average inside each host, sparse allgather among one leader per host;
+            (dense average inside each host, each host's average compressed and sent
+            sparsely across hosts, its layers split among the host's ranks;
             Horovod needs HOROVOD_DYNAMIC_PROCESS_SETS=1) or ``"shared_index"`` (all ranks
             send values at one rotating rank's indices, by allreduce: traffic independent
             of the number of ranks). docs/ALGORITHM.md §13.

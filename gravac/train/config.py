@@ -175,7 +175,7 @@ class CompressionConfig:
     overlap: bool = False
     bucket_cap_mb: float = 25.0
     # How sparse selections travel (docs/ALGORITHM.md §13): allgather (the paper's),
-    # hierarchical (dense inside a host, sparse among host leaders) or shared_index (all
+    # hierarchical (dense inside a host, sparse across hosts) or shared_index (all
     # ranks send values at one rotating rank's indices, by allreduce).
     exchange: str = "allgather"
     gravac: GraVACConfig = field(default_factory=GraVACConfig)
