@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.gravac-installed
 NP     ?= 2
 
-.PHONY: install test test-unit test-parallel test-faults demo bench clean
+.PHONY: install test test-unit test-parallel test-faults test-cluster demo bench clean
 
 # Reinstall when the venv is missing or the pins / installer changed.
 $(STAMP): requirements.txt hvd_scripts/install.sh
@@ -24,6 +24,11 @@ test-parallel: $(STAMP)
 
 test-faults: $(STAMP)
 	bash tests/run.sh faults
+
+# Multi-host jobs on network namespaces of this machine (hvd_scripts/cluster_sandbox.sh):
+# needs root and sshd; skipped otherwise.
+test-cluster: $(STAMP)
+	bash tests/run.sh cluster
 
 # GraVAC on the embedded digits data, 2 ranks; replaces the previous demo run.
 demo: $(STAMP)

@@ -23,6 +23,8 @@ usage() {
     exit 2
 }
 die() { echo "bandwidth_sandbox.sh: $*" >&2; exit 2; }
+# shellcheck source=lib/sandbox.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/sandbox.sh"
 
 [ $# -ge 2 ] || usage
 rate=$1
@@ -30,24 +32,11 @@ shift
 [ "${1:-}" = "--" ] && shift
 [ $# -ge 1 ] || usage
 
-# Parse the rate into bytes per second (tc accepts the same spellings).
-if [[ ! $rate =~ ^([0-9]+(\.[0-9]+)?)(kbit|mbit|gbit|bit)$ ]]; then
-    die "rate '$rate' not understood; use e.g. 100mbit, 1gbit or 10gbit"
-fi
-number=${BASH_REMATCH[1]}
-unit=${BASH_REMATCH[3]}
-case $unit in
-    bit) scale=1 ;; kbit) scale=1000 ;; mbit) scale=1000000 ;; gbit) scale=1000000000 ;;
-esac
-bytes_per_s=$(awk -v n="$number" -v s="$scale" 'BEGIN { printf "%d", n * s / 8 }')
-# tbf needs at least one kernel timer tick (HZ >= 100 here) of data per burst.
-burst=$(( bytes_per_s / 100 ))
-[ "$burst" -ge 262144 ] || burst=262144
+# tc's rate spellings; the burst rule (above) lives in hvd_scripts/lib/sandbox.sh.
+burst=$(tbf_burst "$rate") || die "rate '$rate' not understood; use e.g. 100mbit, 1gbit or 10gbit"
 mtu=${GRAVAC_SANDBOX_MTU:-9000}
 
-for tool in ip tc; do
-    command -v "$tool" >/dev/null 2>&1 || die "'$tool' not found: install iproute2 (apt-get install iproute2)"
-done
+require_tools ip tc
 
 ns="gravac-bw-$$"
 if ! err=$(ip netns add "$ns" 2>&1); then

@@ -122,7 +122,30 @@ fi
 # 5. gravac itself, editable, so `import gravac` works from any directory -------------
 "${PIP[@]}" install -q --no-deps --no-build-isolation -e "$repo"
 
-# 6. Check the build: PyTorch and Gloo must be there ---------------------------------------
+# 6. sshd for the multi-host sandbox (hvd_scripts/cluster_sandbox.sh, tests/cluster) -------
+# Optional: without it the cluster tests are skipped, so this never fails the install. As
+# root on Debian/Ubuntu it is one package; where systemd runs, its postinst also starts the
+# system's sshd on port 22 (the sandbox does not need that one: `systemctl disable --now
+# ssh` stops it).
+if ! command -v sshd >/dev/null 2>&1 && [ ! -x /usr/sbin/sshd ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        say "installing openssh-server (sshd, for hvd_scripts/cluster_sandbox.sh)"
+        apt_log=$(mktemp)
+        # a machine whose package lists were never fetched needs `apt-get update` first
+        if DEBIAN_FRONTEND=noninteractive apt-get install -y -q openssh-server >"$apt_log" 2>&1 \
+           || { apt-get update -q >>"$apt_log" 2>&1 &&
+                DEBIAN_FRONTEND=noninteractive apt-get install -y -q openssh-server >>"$apt_log" 2>&1; }; then
+            say "installed openssh-server"
+        else
+            say "WARNING: could not install openssh-server ($(tail -n 1 "$apt_log")); the cluster tests will be skipped"
+        fi
+        rm -f "$apt_log"
+    else
+        say "WARNING: sshd not found: the multi-host sandbox (hvd_scripts/cluster_sandbox.sh) and tests/cluster need it; as root: apt-get install -y openssh-server"
+    fi
+fi
+
+# 7. Check the build: PyTorch and Gloo must be there ---------------------------------------
 check=$("$VENV/bin/horovodrun" --check-build 2>&1) || die "horovodrun --check-build failed: $check"
 echo "$check"
 echo "$check" | grep -qE '\[X\] PyTorch' || die "Horovod was built without PyTorch support"

@@ -31,7 +31,13 @@
 #   (see --check-build, "[X] NCCL"); that is a build-time choice, not a flag here.
 # Env: GRAVAC_CONTROLLER=gloo|mpi   controller flag (default gloo)
 #      GRAVAC_NICS=eth0[,ib0]       passed as --network-interfaces (which NICs to use)
+#      GRAVAC_SSH_PORT=2222         passed as --ssh-port (sshd's port on every host)
+#      GRAVAC_SSH_KEY=~/.ssh/key    passed as --ssh-identity-file (the key ssh logs in with)
 #      GRAVAC_VENV=/path/.venv      virtual environment (default: <repo>/.venv)
+# hvd_scripts/cluster_sandbox.sh sets GRAVAC_NICS, GRAVAC_SSH_PORT and GRAVAC_SSH_KEY (and
+# GRAVAC_HOSTFILE) for its hosts: on one machine,
+#   hvd_scripts/cluster_sandbox.sh --hosts 2 --slots 2 --link 1gbit -- bash -c \
+#       'hvd_scripts/run_multi_node.sh "$GRAVAC_HOSTFILE" 4 configs/demo.yaml'
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -83,6 +89,16 @@ nics=()
 if [ -n "${GRAVAC_NICS:-}" ]; then
     nics=(--network-interfaces "$GRAVAC_NICS")
 fi
+ssh_args=()
+if [ -n "${GRAVAC_SSH_PORT:-}" ]; then
+    [[ $GRAVAC_SSH_PORT =~ ^[1-9][0-9]{0,4}$ ]] && [ "$GRAVAC_SSH_PORT" -le 65535 ] \
+        || die "GRAVAC_SSH_PORT must be a port number from 1 to 65535, got '$GRAVAC_SSH_PORT'"
+    ssh_args+=(--ssh-port "$GRAVAC_SSH_PORT")
+fi
+if [ -n "${GRAVAC_SSH_KEY:-}" ]; then
+    [ -r "$GRAVAC_SSH_KEY" ] || die "GRAVAC_SSH_KEY: cannot read the key '$GRAVAC_SSH_KEY'"
+    ssh_args+=(--ssh-identity-file "$GRAVAC_SSH_KEY")
+fi
 
 python=$venv/bin/python
 [ -x "$python" ] || die "$python not found (run hvd_scripts/install.sh; every host needs it at this path)"
@@ -91,6 +107,7 @@ check_config "$python"
 
 cd "$repo"
 cmd=("$horovodrun" -np "$np" -H "$host_list" "$controller" ${nics[@]+"${nics[@]}"}
+     ${ssh_args[@]+"${ssh_args[@]}"}
      "$python" "$repo/train.py" --config "${configs[@]}" ${train_args[@]+"${train_args[@]}"})
 echo "+ ${cmd[*]}" >&2
 exec "${cmd[@]}"

@@ -1,12 +1,19 @@
 #!/usr/bin/env bash
-# Run the test suites: `tests/run.sh all|unit|parallel|faults` (`make test` runs all).
+# Run the test suites: `tests/run.sh all|unit|parallel|faults|cluster` (`make test` runs all).
 # Unit tests run in one process; parallel tests twice, on each transport: under
 # horovodrun -np 2 --gloo and under torchrun --nproc-per-node 2 (gloo); fault tests
-# (tests/faults: killed and frozen ranks, property-based tests) launch their own jobs. Ends
+# (tests/faults: killed and frozen ranks, property-based tests) launch their own jobs;
+# cluster tests (tests/cluster) launch jobs across the hosts of
+# hvd_scripts/cluster_sandbox.sh (root only: skipped, with the reason, elsewhere). Ends
 # with one plain line "tests: N passed, N failed, N skipped" counting all of them.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-all}
+case $what in
+    all | unit | parallel | faults | cluster) ;;
+    *) echo "tests/run.sh: unknown part '$what'; use all, unit, parallel, faults or cluster" >&2
+       exit 2 ;;
+esac
 PY=${PY:-.venv/bin/python}
 HOROVODRUN=${HOROVODRUN:-.venv/bin/horovodrun}
 TORCHRUN=${TORCHRUN:-.venv/bin/torchrun}
@@ -31,6 +38,10 @@ fi
 if [ "$what" = all ] || [ "$what" = faults ]; then
     echo "== fault tests =="
     "$PY" -m pytest tests/faults -q -p no:cacheprovider --junitxml="$results/faults.xml" || status=1
+fi
+if [ "$what" = all ] || [ "$what" = cluster ]; then
+    echo "== cluster tests (network namespaces as hosts: Horovod, torchrun, Elastic) =="
+    "$PY" -m pytest tests/cluster -q -p no:cacheprovider --junitxml="$results/cluster.xml" || status=1
 fi
 "$PY" tests/summarize.py "$results" || status=1
 exit $status
