@@ -22,8 +22,10 @@ compresses and exchanges shard j only. Per step, on every rank:
    hosts is the average over all ranks (every host must have as many ranks);
 5. the host's ranks share their shards' results: ONE byte allgather over the host's group.
 
-Collectives: host average, gains (all ranks), shard exchange, NaN flags when not agreed yet
-(all ranks), host allgather: each chosen from the plan and agreed values only.
+Collectives: host average, gains (all ranks), NaN flags when the gains did not carry them
+(all ranks), shard exchange, host allgather: each chosen from the plan and agreed values
+only, and never two groups' collectives in flight at once (Horovod's background loop
+deadlocked when the world's flags ran beside a shard group's exchange).
 
 Example::
 
@@ -164,16 +166,20 @@ class HierarchicalStep:
         if sent == SENT_DENSE:
             mine_dense += [s.layer for s in selections]
         clock.lap("t_residual")
+        if local_bad is not None:
+            # The flags' round of its own, before the shard exchange, not beside it: on
+            # Horovod, collectives of different process sets in flight at once (the world's
+            # flags, a shard group's exchange) deadlocked its background loop (a Gloo recv
+            # timeout after 87 steps on 2 sandbox hosts).
+            bad = e._agree_flags(local_bad, clock)
+            if bad:
+                e.memory.rollback_step()
+                return e.skip(step, bad, clock, t_compute)
         packed = self.exchange.pack(payload)
         clock.lap("t_pack", sync=True)
         pending = self.exchange.start(packed, mine_dense, same_size=e.compressor.exact_count)
-        flags = e.start_flags(local_bad)
         pending.wait()
-        bad = e.finish_flags(flags)
         clock.lap("t_wait_exchange", sync=True)
-        if bad:
-            e.memory.rollback_step()
-            return e.skip(step, bad, clock, t_compute)
         pending.unpack()
         clock.lap("t_unpack", sync=True)
         self._host_share(clock)
