@@ -47,6 +47,11 @@ from .phases import PhaseClock
 from .selection import apply_decision, gain_row
 
 
+class HierarchicalUnsupported(RuntimeError):
+    """The transport cannot run the hierarchical exchange's groups (raised on every rank
+    alike: the layout and the backend are the same everywhere)."""
+
+
 def host_groups(comm: Comm, host_of_rank: Sequence[int] | None = None,
                 name: str = "gravac.hosts") -> list[list[int]]:
     """The ranks of each host, hosts ordered by their lowest rank. Collective (one
@@ -106,6 +111,16 @@ class HierarchicalStep:
         groups = host_groups(comm, self._host_of_rank, name=f"{e.prefix}.hosts")
         self.hosts = groups
         slots = len(groups[0])
+        if comm.backend == "horovod" and len(groups) > 1 and slots > 1:
+            # Host groups and shard groups cross (each rank is in one of each): Horovod
+            # 0.28.1's background loop negotiates every process set in turn and deadlocked
+            # on them (a Gloo recv timeout after 30-87 steps, 2 sandbox hosts x 2 ranks).
+            raise HierarchicalUnsupported(
+                f"exchange='hierarchical' with {len(groups)} hosts of {slots} ranks needs "
+                "process groups that run side by side, which Horovod 0.28.1's process sets "
+                "do not (its background loop deadlocked on them); launch with torchrun "
+                "(run.backend=torch, hvd_scripts/run_torchrun.sh), or use "
+                "exchange='shared_index' or 'allgather' under horovodrun")
         self.host_comm = None
         for k, ranks in enumerate(groups):   # every rank makes every group, same order
             sub = comm.subgroup(ranks, name=f"{e.prefix}.host{k}")
