@@ -254,7 +254,9 @@ def lowrank_cf(rows: int, cols: int, rank: int) -> float:
 
 
 def rank_for_cf(rows: int, cols: int, cf: float) -> int:
-    """The largest rank whose CF is at least ``cf`` (gravac.compressors.powersgd)."""
+    """The largest rank whose CF is at least ``cf``: gravac.compressors.powersgd's rule,
+    mirrored here so that the model imports no torch (tests/unit/test_scaling.py holds the
+    two equal)."""
     rank = max(1, int(rows * cols // (cf * (rows + cols))))
     while lowrank_cf(rows, cols, rank + 1) >= cf:
         rank += 1
@@ -954,13 +956,8 @@ def case_of(record: dict, cfg, exchange: str) -> StepCase:
 
 # -- measure-compression ----------------------------------------------------------------------
 def _median_time(fn, repeats: int) -> float:
-    fn()
-    samples = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - t0)
-    return statistics.median(samples)
+    from timing import median_time     # benchmarks/timing.py, beside this file
+    return median_time(fn, repeats)
 
 
 def measure_compression(sizes: Sequence[int], cfs: Sequence[float], chunks: Sequence[int],
