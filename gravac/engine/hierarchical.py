@@ -44,7 +44,7 @@ from ..controllers import SENT_CANDIDATE, SENT_DENSE
 from .exchange import AllgatherExchange
 from .layers import Layer
 from .phases import PhaseClock
-from .selection import apply_decision, gain_row
+from .selection import apply_decision
 
 
 class HierarchicalUnsupported(RuntimeError):
@@ -157,23 +157,11 @@ class HierarchicalStep:
         compressed = [l for l in e.layers if l.compressible and plan.cf_of(l.name) > 1]
         candidate_planned = bool(compressed) and all(
             plan.theta_c is not None and plan.theta_c > plan.cf_of(l.name) for l in compressed)
-        mine_dense = [l for l in self.mine if not l.compressible]
-        selections = []
-        for layer in self.mine:
-            if layer.compressible:
-                sel = e.feed_and_select(layer, plan, step, clock)
-                if sel is None:
-                    mine_dense.append(layer)
-                else:
-                    selections.append(sel)
-        sent, gain_min, gain_c, bad = e.decide(
-            plan, [gain_row(s, plan.gain_measure) for s in selections] if plan.needs_gains
-            else [], clock, local_bad, bool(compressed), candidate_planned)
-        if bad:
-            e.memory.rollback_step()
-            return e.skip(step, bad, clock, t_compute)
-        if plan.needs_gains:
-            local_bad = None
+        selections, mine_dense = e.feed_and_select_all(self.mine, plan, step, clock)
+        d = e.decide(plan, selections, clock, local_bad, bool(compressed), candidate_planned)
+        if d.bad_ranks:
+            return e.skip(step, d.bad_ranks, clock, t_compute)
+        sent, gain_min, gain_c, local_bad = d.sent, d.gain_min, d.gain_c, d.local_bad
         t_discarded = 0.0
         if sent == SENT_DENSE and compressed:
             t_discarded = sum(clock.times[p] for p in ("t_select", "t_norms", "t_wait_gains"))

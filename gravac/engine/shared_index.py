@@ -35,7 +35,7 @@ import torch
 from ..compressors import num_kept
 from ..controllers import SENT_DENSE
 from .phases import PhaseClock
-from .selection import Selection, apply_decision, gain_row
+from .selection import Selection, apply_decision
 
 
 class SharedIndexStep:
@@ -82,15 +82,10 @@ class SharedIndexStep:
             selections.append(sel)
         clock.lap("t_select")
 
-        sent, gain_min, gain_c, bad = e.decide(
-            plan, [gain_row(s, plan.gain_measure) for s in selections] if plan.needs_gains
-            else [], clock, local_bad, bool(selections),
-            all(s.val_c is not None for s in selections))
-        if bad:
-            e.memory.rollback_step()
-            return e.skip(step, bad, clock, t_compute)
-        if plan.needs_gains:
-            local_bad = None
+        d = e.decide(plan, selections, clock, local_bad)
+        if d.bad_ranks:
+            return e.skip(step, d.bad_ranks, clock, t_compute)
+        sent, gain_min, gain_c, local_bad = d.sent, d.gain_min, d.gain_c, d.local_bad
         t_discarded = 0.0
         if sent == SENT_DENSE and selections:
             t_discarded = sum(clock.times[p] for p in ("t_select", "t_norms", "t_wait_gains",

@@ -22,6 +22,7 @@ Example::
 from __future__ import annotations
 
 import time
+from typing import NamedTuple
 
 import torch
 
@@ -40,6 +41,17 @@ from .record import SENT_SKIPPED, StepStats
 from .selection import (Selection, apply_decision, flagged_ranks, gain_row,  # noqa: F401
                         has_nonfinite)
 from .shared_index import SharedIndexStep
+
+class Decision(NamedTuple):
+    """What ``StepEngine.decide`` agreed: the level sent (None on a skipped step), the
+    gains, the ranks with a NaN/Inf, and this rank's flag if still to agree."""
+
+    sent: str | None
+    gain_min: float | None
+    gain_c: float | None
+    bad_ranks: list[int]
+    local_bad: bool | None
+
 
 __all__ = ["EXCHANGES", "StepEngine", "check_exchange", "flagged_ranks", "gain_row",
            "has_nonfinite"]
@@ -158,26 +170,12 @@ class StepEngine:
         if self.route is not None:
             return self.route.synchronize(plan, step, clock, t_compute, local_bad)
 
-        dense = [l for l in self.layers if not l.compressible]
-        selections: list[Selection] = []
-        for layer in self.layers:
-            if not layer.compressible:
-                continue
-            sel = self.feed_and_select(layer, plan, step, clock)
-            if sel is None:
-                dense.append(layer)
-            else:
-                selections.append(sel)
+        selections, dense = self.feed_and_select_all(self.layers, plan, step, clock)
 
-        sent, gain_min, gain_c, bad_ranks = self.decide(
-            plan, [gain_row(s, plan.gain_measure) for s in selections] if plan.needs_gains
-            else [], clock, local_bad, bool(selections),
-            all(s.val_c is not None for s in selections))
-        if bad_ranks:
-            self.memory.rollback_step()
-            return self.skip(step, bad_ranks, clock, t_compute)
-        if plan.needs_gains:
-            local_bad = None                     # agreed with the gains
+        d = self.decide(plan, selections, clock, local_bad)
+        if d.bad_ranks:
+            return self.skip(step, d.bad_ranks, clock, t_compute)
+        sent, gain_min, gain_c, local_bad = d.sent, d.gain_min, d.gain_c, d.local_bad
 
         # Compression computed and then not used (a dense decision): Algorithm 1 times a
         # dense step without it (line 23), so the controller is told t_iter minus this.
@@ -269,6 +267,19 @@ class StepEngine:
             layer.param.grad = grad.to_dense()
 
 
+    def feed_and_select_all(self, layers: list[Layer], plan, step: int,
+                            clock: PhaseClock) -> tuple[list[Selection], list[Layer]]:
+        """``feed_and_select`` over ``layers``: (the selections, the layers that go dense:
+        not compressible, or planned dense)."""
+        selections, dense = [], []
+        for layer in layers:
+            sel = self.feed_and_select(layer, plan, step, clock) if layer.compressible else None
+            if sel is None:
+                dense.append(layer)
+            else:
+                selections.append(sel)
+        return selections, dense
+
     def feed_and_select(self, layer: Layer, plan, step: int,
                         clock: PhaseClock) -> Selection | None:
         """Error feedback and both levels' selection of one compressible layer at the
@@ -300,24 +311,33 @@ class StepEngine:
             sel.idx_c, sel.val_c = idx_min[sub], val_min[sub]
         return sel
 
-    def decide(self, plan, rows: list[torch.Tensor], clock: PhaseClock,
-               local_bad: bool | None, has_layers: bool, candidate_planned: bool):
-        """The step's decision, the same on every rank: (sent, gain_min, gain_c, ranks with
-        a NaN/Inf). With ``plan.needs_gains`` the gains of ``rows`` (``gain_row``; this
-        rank's, maybe none) are agreed by one allreduce that also carries ``local_bad``
-        when not None; a non-empty list of ranks means the step must be skipped (sent is
-        then None). ``has_layers``/``candidate_planned`` must be the same on every rank."""
+    def decide(self, plan, selections: list[Selection], clock: PhaseClock,
+               local_bad: bool | None, has_layers: bool | None = None,
+               candidate_planned: bool | None = None) -> "Decision":
+        """The step's decision, the same on every rank. With ``plan.needs_gains`` the gains
+        of ``selections`` (this rank's, maybe none) are agreed by one allreduce that also
+        carries ``local_bad`` when not None; ranks with a NaN/Inf mean the step must be
+        skipped (the residuals are rolled back here, ``sent`` is None). ``has_layers`` and
+        ``candidate_planned`` (from ``selections`` by default) must be the same on every
+        rank. ``Decision.local_bad``: the flag still to agree (None once the gains did)."""
+        if has_layers is None:
+            has_layers = bool(selections)
+        if candidate_planned is None:
+            candidate_planned = all(s.val_c is not None for s in selections)
         gain_min = gain_c = None
         if plan.needs_gains:
+            rows = [gain_row(s, plan.gain_measure) for s in selections]
             gain_min, gain_c, bad_ranks = self.agree_gain_rows(rows, clock, local_bad)
             if bad_ranks:
-                return None, gain_min, gain_c, bad_ranks
+                self.memory.rollback_step()
+                return Decision(None, gain_min, gain_c, bad_ranks, None)
+            local_bad = None                     # agreed with the gains
             if not candidate_planned:
                 gain_c = None
         sent = checked_decision(self.controller, gain_min, gain_c, has_layers,
                                 candidate_planned, plan.decided)
         clock.lap("t_control")
-        return sent, gain_min, gain_c, []
+        return Decision(sent, gain_min, gain_c, [], local_bad)
 
     def agree_gain_rows(self, rows: list[torch.Tensor], clock: PhaseClock | None = None,
                          local_bad: bool | None = None):
