@@ -15,8 +15,11 @@ the step to it (issue 17's target: <= 1.5 at a static 40x on the LSTM at 1 Gbit/
         [--methods static_topk_40x gravac_recommended] [--rate 1gbit] [--steps 100]
         [--backend horovod] [--out runs/benchmarks/step_profile]
 
-Methods are end_to_end.py's (its METHODS table). The timings are rank 0's; both ranks
-run the same phases. ``--rounds R`` runs the method list R times, interleaved (A B A B ...),
+Methods are end_to_end.py's (its METHODS table). The timings are rank 0's (both ranks
+run the same phases); ``--all-ranks`` has every rank write its own (``run.rank_phases``)
+and adds a table per rank and the skew: per step, how much longer the busiest rank
+computed, compressed and updated than the least busy one. A collective ends when its
+last rank arrives, so that difference reappears as the other rank's waits. ``--rounds R`` runs the method list R times, interleaved (A B A B ...),
 pools the steps of all rounds and shows each round's median step: this machine's speed
 drifts by ~10-25% within minutes, so one run per method cannot tell a 5% change apart. Run it on a quiet machine: on 2 cores a second job slows every
 memory-bound phase. Writes profile.md and profile.json under --out.
@@ -35,6 +38,7 @@ from end_to_end import BACKENDS, METHODS, REPO, WORKLOADS, run_one  # noqa: E402
 
 sys.path.insert(0, str(REPO))
 from gravac.engine.phases import LOCAL_PHASES, WAIT_PHASES  # noqa: E402
+from gravac.train.monitor import read_rank_phases  # noqa: E402
 
 _RATE = re.compile(r"^(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit)$")
 _SCALE = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
@@ -99,6 +103,56 @@ def table(results: dict[str, dict], title: str) -> str:
     return "\n".join(lines)
 
 
+def busy_ms(record: dict) -> float:
+    """A rank's own work in a step (compute, local compression work, update), in ms: the
+    step minus what it spent waiting for the others."""
+    return 1000 * sum(record.get(k) or 0.0 for k in ("t_compute", "t_compress", "t_update"))
+
+
+def skew(by_rank: dict[int, list[dict]], warmup: int) -> dict:
+    """Per step, the busiest rank's work minus the least busy rank's (ms): its median and
+    90th percentile, and which rank was the busiest how often."""
+    steps: dict[tuple[int, int], dict[int, float]] = {}
+    for rank, records in by_rank.items():
+        for r in records:
+            if r["step"] >= warmup and r.get("sent") != "skipped" and r.get("t_iter"):
+                steps.setdefault((r.get("round", 0), r["step"]), {})[rank] = busy_ms(r)
+    gaps, busiest = [], {}
+    for per_rank in steps.values():
+        if len(per_rank) == len(by_rank) > 1:
+            gaps.append(max(per_rank.values()) - min(per_rank.values()))
+            top = max(per_rank, key=per_rank.get)
+            busiest[top] = busiest.get(top, 0) + 1
+    if not gaps:
+        return {}
+    gaps.sort()
+    return {"median_ms": statistics.median(gaps), "p90_ms": gaps[int(0.9 * (len(gaps) - 1))],
+            "steps": len(gaps), "busiest": dict(sorted(busiest.items()))}
+
+
+def rank_table(results: dict[str, dict], title: str) -> str:
+    lines = [f"### {title}: every rank (ms, medians)", "",
+             "| method | rank | compute | select | = local | " +
+             " | ".join(p[2:] for p in WAIT_PHASES) + " | = waits | update | busy | step |",
+             "|---|---:|" + "---:|" * (len(WAIT_PHASES) + 7)]
+    notes = []
+    for name, r in results.items():
+        for rank, p in sorted(r.get("ranks", {}).items()):
+            cells = ["—" if p.get(k) is None else f"{p[k]:.1f}" for k in
+                     ("t_compute", "t_select", "t_compress", *WAIT_PHASES, "t_comm", "t_update")]
+            busy = sum(p.get(k) or 0.0 for k in ("t_compute", "t_compress", "t_update"))
+            lines.append(f"| {name} | {rank} | " + " | ".join(cells) +
+                         f" | {busy:.1f} | {p['t_iter']:.1f} |")
+        sk = r.get("skew")
+        if sk:
+            notes.append(f"{name}: the busiest rank's work exceeds the least busy one's by "
+                         f"{sk['median_ms']:.1f} ms per step (median; 90th percentile "
+                         f"{sk['p90_ms']:.1f} ms; {sk['steps']} steps; busiest: " +
+                         ", ".join(f"rank {k} {v}x" for k, v in sk["busiest"].items()) + ")")
+    lines += ["", "busy = compute + local work + update: the step without the waits."]
+    return "\n".join(lines + [""] + notes)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workload", choices=list(WORKLOADS), default="lstm")
@@ -116,14 +170,20 @@ def main() -> int:
                         help="run the methods this many times, interleaved, and pool the steps")
     parser.add_argument("--set", dest="extra", action="append", default=[],
                         help="extra config override for every run (key=value)")
+    parser.add_argument("--all-ranks", action="store_true",
+                        help="every rank records its phases (run.rank_phases): a table per "
+                             "rank and the skew between them")
     args = parser.parse_args()
     if args.steps <= args.warmup:
         parser.error(f"--steps ({args.steps}) must exceed --warmup ({args.warmup})")
     rate_bps = bits_per_second(args.rate)
     if args.rounds < 1:
         parser.error(f"--rounds must be >= 1, got {args.rounds}")
+    if args.all_ranks:
+        args.extra = [*args.extra, "run.rank_phases=true"]
     pooled: dict[str, list] = {m: [] for m in args.methods}
     per_round: dict[str, list] = {m: [] for m in args.methods}
+    ranks: dict[str, dict[int, list]] = {m: {} for m in args.methods}
     for round_ in range(args.rounds):
         out = args.out if args.rounds == 1 else args.out / f"round{round_ + 1}"
         for method in args.methods:
@@ -133,13 +193,23 @@ def main() -> int:
                        for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
             steps = [r for r in records if r["kind"] == "step"]
             pooled[method] += steps
+            for rank, records in read_rank_phases(run_dir).items():
+                ranks[method].setdefault(rank, []).extend(
+                    {**r, "round": round_} for r in records)
             per_round[method].append(profile(steps, args.warmup, rate_bps, args.np)["t_iter"])
     results = {}
     for method in args.methods:
         results[method] = profile(pooled[method], args.warmup, rate_bps, args.np)
         results[method]["t_iter_rounds"] = per_round[method]
-    text = table(results, f"{args.workload}, {args.np} ranks, {args.backend}, link {args.rate}, "
-                          f"steps {args.warmup}-{args.steps}")
+        if ranks[method]:
+            results[method]["ranks"] = {rank: profile(records, args.warmup, rate_bps, args.np)
+                                        for rank, records in ranks[method].items()}
+            results[method]["skew"] = skew(ranks[method], args.warmup)
+    title = (f"{args.workload}, {args.np} ranks, {args.backend}, link {args.rate}, "
+             f"steps {args.warmup}-{args.steps}")
+    text = table(results, title)
+    if args.all_ranks:
+        text += "\n\n" + rank_table(results, title)
     print(text)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "profile.md").write_text(text + "\n")

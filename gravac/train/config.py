@@ -60,6 +60,9 @@ class RunConfig:
     checkpoint_interval: int = 0
     keep_checkpoints: int = 2
     log_interval: int = 10
+    # Every rank also writes its own step timings to ranks/rank{r}.jsonl (metrics.jsonl has
+    # rank 0's): how the ranks differ, for benchmarks/step_profile.py --all-ranks.
+    rank_phases: bool = False
     progress: str = "auto"
     overwrite: bool = False
     threads: int | None = None

@@ -27,12 +27,13 @@ import torch
 from ..comm import Comm
 from ..comm import init as init_comm
 from ..engine import STATE_KEY, StepStats, broadcast_optimizer_state, wrap_optimizer
+from ..engine.phases import PHASES
 from ..engine.record import LOGGED_STATS
 from ..util.malloc import keep_freed_memory
 from ..util.atomic import atomic_write_text
 from .checkpoint import has_checkpoint, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from .config import Config, ConfigError, build_controller, dump_yaml, to_dict
-from .monitor import METRICS, RunLogger, truncate_metrics
+from .monitor import METRICS, RankPhaseLog, RunLogger, truncate_metrics
 from .resume import check_resume_config
 from .signals import Interrupted, StopSignal
 from .tasks import build_task
@@ -155,6 +156,11 @@ def _resume_config_problem(cfg: Config, run_dir: Path) -> str | None:
     return problem
 
 
+#: What ``run.rank_phases`` keeps of every rank's step line (its timings, what it sent).
+RANK_PHASE_KEYS = ("step", "time", "sent", "cf", "bytes_sent", "t_iter", "t_compute",
+                   "t_compress", "t_comm", "t_update", *PHASES)
+
+
 def _step_stats(opt, step: int, dense_numel: int) -> StepStats:
     """The engine's record of the step, or a dense one for plain Horovod."""
     stats = getattr(opt, "last_stats", None)
@@ -215,6 +221,7 @@ class Trainer:
         self.stop: StopSignal | None = None      # SIGINT/SIGTERM agreement (train() sets it)
         self.started = False                     # elastic: set once the run has begun
         self.log = RunLogger(self.run_dir, enabled=False, total_steps=0)
+        self.rank_log = RankPhaseLog(self.run_dir, self.rank, enabled=False)
         self._clock0 = time.perf_counter()
         self._decisions_logged = 0
 
@@ -302,9 +309,10 @@ class Trainer:
 
     def open_log(self, record: dict | None = None) -> None:
         """(Re)open the metrics/TensorBoard writers on rank 0 and say what runs."""
-        self.log.close()
+        self.close_log()
         self.log = RunLogger(self.run_dir, enabled=self.rank == 0, total_steps=self.total_steps,
                              progress=self.cfg.run.progress, initial_step=self.step)
+        self.rank_log = RankPhaseLog(self.run_dir, self.rank, enabled=self.cfg.run.rank_phases)
         self._decisions_logged = len(self.controller.decisions) if self.controller else 0
         c = self.cfg.compression
         self.log.record(record or {
@@ -321,6 +329,7 @@ class Trainer:
 
     def close_log(self) -> None:
         self.log.close()
+        self.rank_log.close()
 
     # -- in-memory state (Horovod Elastic commits) ------------------------------------------
     #: The loop position a snapshot carries (shared: rank 0's wins on a sync).
@@ -488,6 +497,7 @@ class Trainer:
                      "samples_per_sec": samples_per_step / t_iter if t_iter > 0 else None,
                      **{name: getattr(stats, name) for name in LOGGED_STATS}}
             self.log.record(entry)
+            self.rank_log.record({k: entry[k] for k in RANK_PHASE_KEYS})
             self.log.progress(step, loss=entry["loss"], cf=stats.cf,
                               samples_per_sec=entry["samples_per_sec"])
         controller = self.controller
@@ -518,7 +528,7 @@ class Trainer:
             elapsed = self.elapsed()
         # resuming drops run_end records (truncate_metrics): the run ends here again
         self.log.record({"kind": "run_end", "step": self.step, "time": elapsed, "final": final})
-        self.log.close()
+        self.close_log()
         if self.rank == 0:
             _finish(self.cfg, self.run_dir, self.step, elapsed, final)
         return {"run_dir": str(self.run_dir), "steps": self.step, "final": final,

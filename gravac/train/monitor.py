@@ -157,6 +157,68 @@ class RunLogger:
         self._bar = self._writer = self._file = None
 
 
+#: Where ``run.rank_phases`` writes each rank's own step timings (under the run directory).
+RANK_PHASES_DIR = "ranks"
+
+
+class RankPhaseLog:
+    """Every rank's own step record, ``ranks/rank{r}.jsonl`` (``run.rank_phases``).
+
+    metrics.jsonl holds rank 0's timings alone, and a collective ends when its slowest
+    rank arrives: where one rank's compute or compression runs longer, the *other* rank's
+    waits grow, and rank 0's record cannot say which. Each rank writes its own file (no
+    collective); lines are buffered and flushed every ``flush_every`` records and on
+    ``close``. A resumed run appends: readers keep the last record of each step
+    (``read_rank_phases``).
+
+    Example::
+
+        log = RankPhaseLog(run_dir, rank=1, enabled=True)
+        log.record({"step": 5, "t_iter": 0.21, "t_select": 0.02, ...})
+        log.close()
+    """
+
+    def __init__(self, run_dir, rank: int, enabled: bool, flush_every: int = 50):
+        self._file = None
+        self._rank, self._flush_every, self._pending = rank, flush_every, 0
+        if not enabled:
+            return
+        folder = Path(run_dir) / RANK_PHASES_DIR
+        folder.mkdir(parents=True, exist_ok=True)
+        self._file = open(folder / f"rank{rank}.jsonl", "a", encoding="utf-8")
+
+    def record(self, entry: dict) -> None:
+        if self._file is None:
+            return
+        self._file.write(json.dumps({"rank": self._rank, **entry}, default=float) + "\n")
+        self._pending += 1
+        if self._pending >= self._flush_every:
+            self._file.flush()
+            self._pending = 0
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+        self._file = None
+
+
+def read_rank_phases(run_dir) -> dict[int, list[dict]]:
+    """rank -> its step records in step order (the last one of a step a resume re-ran);
+    {} when the run did not write them."""
+    out = {}
+    for path in sorted((Path(run_dir) / RANK_PHASES_DIR).glob("rank*.jsonl")):
+        by_step = {}
+        for line in path.read_text().splitlines():
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue          # a line cut by a crash
+            by_step[entry["step"]] = entry
+        if by_step:
+            out[int(path.stem[len("rank"):])] = [by_step[s] for s in sorted(by_step)]
+    return out
+
+
 def truncate_metrics(run_dir, step: int) -> None:
     """Drop records after ``step`` (a resumed run re-logs them), atomically."""
     from ..util.atomic import atomic_write_text

@@ -23,6 +23,7 @@ MAY_CHANGE = (
     "run.eval_interval", "run.eval_batches",             # evaluation
     "run.checkpoint_interval", "run.keep_checkpoints",   # checkpoints
     "run.log_interval", "run.progress", "run.report",    # logging
+    "run.rank_phases",
     "run.overwrite", "run.threads", "run.keep_freed_memory",    # how the process runs
     "run.horovod_cycle_time_ms",
     "run.stall_timeout", "run.stop_check_interval",
