@@ -27,6 +27,7 @@ from ..comm import Comm
 from ..memory import ResidualMemory
 from .codec import SparseCodec, SparseLayer
 from .layers import Layer
+from .selection import flagged_ranks
 
 #: How sparse layers travel between ranks (docs/ALGORITHM.md §13).
 EXCHANGES = ("allgather", "hierarchical", "shared_index")
@@ -51,11 +52,22 @@ DENSE_WIRE = ("native", "fp16")
 class PendingExchange:
     """Collectives in flight; ``wait()`` then ``unpack()`` writes the averaged gradients."""
 
-    def __init__(self, exchange, sparse_layers, codec, ctx, gather, reductions, nbytes):
+    def __init__(self, exchange, sparse_layers, codec, ctx, gather, reductions, nbytes,
+                 flags=None):
         self._exchange = exchange
         self._sparse_layers, self._codec, self._ctx = sparse_layers, codec, ctx
         self._gather, self._reductions = gather, reductions
         self.bytes_sent = nbytes
+        self._flags = flags
+
+    @property
+    def carries_flags(self) -> bool:
+        """Whether the NaN/Inf flags given to ``start`` ride in a dense group."""
+        return self._flags is not None
+
+    def flagged_ranks(self) -> list[int]:
+        """After ``wait()``: the ranks whose flag was set (``carries_flags`` only)."""
+        return flagged_ranks(self._flags)
 
     def wait(self) -> None:
         """Wait for every collective of the step (the communication phase)."""
@@ -103,12 +115,20 @@ class AllgatherExchange:
         return [layer for layer, _, _ in sparse], codec, ctx, buffer
 
     def start(self, packed, dense: Sequence[Layer], tag: str = "",
-              same_size: bool = False) -> PendingExchange:
+              same_size: bool = False, flags: torch.Tensor | None = None) -> PendingExchange:
         """Start the allgather of ``packed`` (from ``pack``) and the dense reductions.
         ``tag`` ends the collectives' names: exchanges in flight at once (the buckets of
         an overlapped step) need different ones. ``same_size``: every rank packed the same
         number of values per layer (an exact-count compressor), so the buffers' sizes are
-        equal and need not be exchanged first."""
+        equal and need not be exchanged first.
+
+        ``flags``: this rank's NaN/Inf flags (``StepEngine.flags``, a one-hot vector).
+        They ride in the first floating-point dense group as one more tensor of its
+        dtype, averaged with it (a flagged rank's entry arrives as 1/N), so they need no
+        collective of their own, nor, under Horovod, a background cycle of their own
+        after the last bucket. ``PendingExchange.carries_flags`` says whether a group
+        took them (the same on every rank: the dense layers and dtypes are); if none
+        could, the caller agrees them itself."""
         gather = sparse_layers = codec = ctx = None
         nbytes = 0
         if packed is not None:
@@ -116,7 +136,7 @@ class AllgatherExchange:
             gather = self.comm.allgather_bytes_async(buffer, name=f"{self.prefix}.sparse{tag}",
                                                      same_size=same_size)
             nbytes += buffer.numel()
-        reductions = []
+        reductions, carried = [], None
         # One grouped allreduce per dtype (fp32 and fp64 cannot share a fused buffer), in a
         # fixed order so that every rank issues the same ones.
         by_dtype: dict[torch.dtype, list[Layer]] = {}
@@ -128,8 +148,13 @@ class AllgatherExchange:
                 wire = [l.param.grad.to(torch.float16) for l in layers]
             else:
                 wire = [l.param.grad for l in layers]
+            group = wire
+            if flags is not None and carried is None and dtype.is_floating_point:
+                carried = flags.to(device=wire[0].device, dtype=wire[0].dtype)
+                group = [*wire, carried]
             name = f"{self.prefix}.dense{tag}" + ("" if len(by_dtype) == 1 else f".{dtype}")
-            handle = self.comm.grouped_allreduce_async_(wire, op="average", name=name)
+            handle = self.comm.grouped_allreduce_async_(group, op="average", name=name)
             reductions.append((handle, layers, wire))
             nbytes += sum(w.numel() * w.element_size() for w in wire)
-        return PendingExchange(self, sparse_layers, codec, ctx, gather, reductions, nbytes)
+        return PendingExchange(self, sparse_layers, codec, ctx, gather, reductions, nbytes,
+                               carried)

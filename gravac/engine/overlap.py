@@ -15,9 +15,10 @@ Buckets start strictly in order: a bucket whose gradients are ready before its
 predecessor's waits for it, so every rank issues the same collectives in the same order
 whatever order backward ran in (as DDP's reducer does). ``step()`` (``synchronize``)
 starts the buckets still waiting (a layer without a gradient on this rank is sent as
-zeros, as in the plain step), agrees the NaN/Inf flags (in the gains allreduce, or one
-tiny allreduce beside the exchanges), waits, and writes the averaged gradients; if some
-rank had a NaN/Inf, it rolls every residual back and writes nothing, on every rank.
+zeros, as in the plain step), agrees the NaN/Inf flags (in the gains allreduce, in the
+last bucket's dense group, or one tiny allreduce after the buckets), waits, and writes
+the averaged gradients; if some rank had a NaN/Inf, it rolls every residual back and
+writes nothing, on every rank.
 
 What cannot leave during backward: with GraVAC's own rule (``decide="current"``) a
 compressed layer's level is chosen from this step's agreed gains, known only after every
@@ -92,6 +93,7 @@ class _StepState:
     dense: list = field(default_factory=list)
     bytes_sent: int = 0
     local_bad: bool = False
+    flags_carrier: object = None                      # the exchange the flags ride in
     staged: dict | None = None                        # gradient copies for the controller
     t_hooks: float = 0.0
 
@@ -229,7 +231,11 @@ class BackwardOverlap:
                 continue
             self._settle(state, sel, state.level, payload, dense)
             clock.lap("t_residual")
-        self._start_exchange(state, payload, dense, f".b{b}")
+        # The last bucket's scan completes this rank's flags: without a gains round to
+        # carry them, they ride in its dense group (if it has one).
+        last = b == len(self.buckets) - 1 and not plan.needs_gains
+        self._start_exchange(state, payload, dense, f".b{b}",
+                             flags=e.flags(state.local_bad) if last else None)
 
     def _settle(self, state: _StepState, sel, level: str, payload: list, dense: list) -> None:
         """Send ``sel`` at ``level``: its values into ``payload`` (or g_ef into the dense
@@ -246,7 +252,8 @@ class BackwardOverlap:
         memory.update(sel.layer.name, sel.g_ef, SparseSent(idx, val))
         state.sparse.append((sel.layer, int(val.numel())))
 
-    def _start_exchange(self, state: _StepState, payload: list, dense: list, tag: str) -> None:
+    def _start_exchange(self, state: _StepState, payload: list, dense: list, tag: str,
+                        flags: torch.Tensor | None = None) -> None:
         exchange = self.engine.exchange
         packed = exchange.pack(payload)
         state.clock.lap("t_pack")
@@ -254,7 +261,9 @@ class BackwardOverlap:
         if packed is None and not dense:
             return                       # the same on every rank: the plan decides it
         pending = exchange.start(packed, dense, tag=tag,
-                                 same_size=self.engine.compressor.exact_count)
+                                 same_size=self.engine.compressor.exact_count, flags=flags)
+        if pending.carries_flags:
+            state.flags_carrier = pending
         state.pendings.append(pending)
         state.bytes_sent += pending.bytes_sent
 
@@ -292,14 +301,17 @@ class BackwardOverlap:
                         self._settle(state, sel, sent, payload, dense)
                     clock.lap("t_residual")
                     self._start_exchange(state, payload, dense, ".held")
-        else:
-            # One more tiny allreduce, started after every bucket.
+        elif state.flags_carrier is None:
+            # The last bucket had no dense group to carry the flags: one more tiny
+            # allreduce, started after every bucket.
             flags = e.comm.allreduce_async(e.flags(state.local_bad), op="sum",
                                            name=f"{e.prefix}.finite")
         for pending in state.pendings:
             pending.wait()
         if flags is not None:
             bad_ranks = flagged_ranks(flags.wait())
+        elif state.flags_carrier is not None:
+            bad_ranks = state.flags_carrier.flagged_ranks()
         clock.lap("t_wait_exchange", sync=True)
         if bad_ranks:
             # What arrived is not written (dense buckets were reduced in place, but the

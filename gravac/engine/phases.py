@@ -18,8 +18,8 @@ local work (``LOCAL_PHASES``, their sum is ``t_compress``)
 waits in collectives (``WAIT_PHASES``, their sum is ``t_comm``)
     t_wait_check     the NaN/Inf flag allreduce when it runs in a round of its own
                      (controllers that observe gradients: Accordion); otherwise the
-                     flags ride in the gains allreduce or beside the exchange, and
-                     their wait is in those phases
+                     flags ride in the gains allreduce, the exchange's dense group
+                     or beside the exchange, and their wait is in those phases
     t_wait_gains     the gains allreduce
     t_wait_exchange  the sparse allgather and the dense allreduces
 

@@ -1,10 +1,11 @@
 """The step engine: one step's pipeline, independent of the transport.
 
 plan -> NaN/Inf scan -> error feedback -> select (both levels) -> agree gains (and the
-NaN/Inf flags) -> decide -> pack -> exchange (flags beside it when no gains were agreed)
--> unpack -> step record. It talks to other ranks only through
-a ``Comm`` and to the controller only through its contract (``plan``, ``decide``,
-``end_step``), so the same engine runs on Horovod, torch.distributed or one process.
+NaN/Inf flags) -> decide -> pack -> exchange (when no gains were agreed, the flags ride
+in its dense group, or beside it when it has none) -> unpack -> step record. It talks to
+other ranks only through a ``Comm`` and to the controller only through its contract
+(``plan``, ``decide``, ``end_step``), so the same engine runs on Horovod,
+torch.distributed or one process.
 
 Every collective it issues depends only on values every rank shares (the plan, agreed
 gains, agreed NaN flags), so every rank issues the same collectives in the same order.
@@ -144,10 +145,11 @@ class StepEngine:
         clock.lap("t_control")
         self._densify_grads()
         # NaN/Inf: each rank scans its gradients now, before error feedback; the ranks agree
-        # on the flags together with data they exchange anyway (the gains allreduce, or
-        # beside the step's exchange), so a step has no round of its own for it. Residuals
-        # are updated into spare buffers and rolled back if a rank had one. A controller
-        # that observes gradients (Accordion) must not see a skipped step's: it agrees first.
+        # on the flags together with data they exchange anyway (the gains allreduce, the
+        # exchange's dense group, or beside the exchange), so a step has no round of its
+        # own for it. Residuals are updated into spare buffers and rolled back if a rank
+        # had one. A controller that observes gradients (Accordion) must not see a skipped
+        # step's: it agrees first.
         local_bad = has_nonfinite([l.param.grad for l in self.layers])
         clock.lap("t_check")
         if self.controller.observes_gradients:   # the same on every rank
@@ -189,10 +191,11 @@ class StepEngine:
         clock.lap("t_residual")
         packed = self.exchange.pack(payload)
         clock.lap("t_pack", sync=True)
-        pending = self.exchange.start(packed, dense, same_size=self.compressor.exact_count)
-        flags = self.start_flags(local_bad)
+        pending = self.exchange.start(packed, dense, same_size=self.compressor.exact_count,
+                                      flags=None if local_bad is None else self.flags(local_bad))
+        flags = None if pending.carries_flags else self.start_flags(local_bad)
         pending.wait()
-        bad_ranks = self.finish_flags(flags)
+        bad_ranks = pending.flagged_ranks() if pending.carries_flags else self.finish_flags(flags)
         clock.lap("t_wait_exchange", sync=True)
         if bad_ranks:
             # What arrived is discarded: gradients are not written, residuals go back.

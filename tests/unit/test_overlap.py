@@ -152,8 +152,21 @@ def test_buckets_leave_during_backward_in_bucket_order():
     assert comm.started == ["gravac.sparse.b0", "gravac.dense.b0",
                             "gravac.sparse.b1", "gravac.dense.b1"]
     opt.step()
-    assert comm.started[4:] == ["gravac.finite"]   # the NaN flags, after every bucket
+    # no more collectives: the NaN flags rode in the last bucket's dense group
+    assert comm.started[4:] == []
     assert opt.last_stats.sent == "min" and opt.last_stats.sparse_layers == 2
+
+
+def test_without_a_dense_layer_in_the_last_bucket_the_flags_go_after_every_bucket():
+    comm = _RecordingComm()
+    model, opt = _make(CONTROLLERS["static"], overlap=True, comm=comm, bucket_cap_mb=0.01,
+                       min_compress_numel=1)
+    x, y = _batch(0)
+    F.cross_entropy(model(x), y).backward()
+    assert all(name.startswith("gravac.sparse.") for name in comm.started)
+    n = len(comm.started)
+    opt.step()
+    assert comm.started[n:] == ["gravac.finite"]
 
 
 def test_buckets_wait_for_their_predecessors_whatever_order_backward_runs_in():
@@ -257,7 +270,7 @@ def test_layers_without_a_gradient_are_sent_as_zeros_at_step():
     assert comm.started == []
     opt.step()
     assert comm.started == ["gravac.sparse.b0", "gravac.dense.b0", "gravac.sparse.b1",
-                            "gravac.dense.b1", "gravac.finite"]
+                            "gravac.dense.b1"]
     assert torch.equal(model.fc1.weight.grad, torch.zeros_like(model.fc1.weight))
 
 
