@@ -51,10 +51,12 @@ METHODS: dict[str, tuple[str, list[str]]] = {
     # picks 5 ms where ranks crowd the cores: run.horovod_cycle_time_ms, docs/BENCHMARKS.md §4).
     "dense_cycle_1ms": ("dense.yaml", ["run.horovod_cycle_time_ms=horovod"]),
     "horovod_fp16_cycle_1ms": ("horovod_fp16.yaml", ["run.horovod_cycle_time_ms=horovod"]),
-    # PyTorch DDP's PowerSGD hook (--backend torch only), 30 plain steps first (10% of a
-    # 300-step run; PyTorch's default of 1000 would never start here).
-    "ddp_powersgd_rank1": ("ddp_powersgd_rank1.yaml", ["compression.ddp_start_powersgd_iter=30"]),
-    "ddp_powersgd_rank4": ("ddp_powersgd_rank4.yaml", ["compression.ddp_start_powersgd_iter=30"]),
+    # PyTorch DDP's PowerSGD hook (--backend torch only), 10% of the run's steps plain first
+    # (30 of 300; PyTorch's default of 1000 would never start here).
+    "ddp_powersgd_rank1": ("ddp_powersgd_rank1.yaml",
+                           ["compression.ddp_start_powersgd_iter={powersgd_start}"]),
+    "ddp_powersgd_rank4": ("ddp_powersgd_rank4.yaml",
+                           ["compression.ddp_start_powersgd_iter={powersgd_start}"]),
     # gravac's PowerSGD (either transport) and Accordion on it (rank 4 <-> 1, the paper's
     # Table 4), intervals shortened like Accordion's above.
     "gravac_powersgd_rank4": ("static_powersgd_rank4.yaml", []),
@@ -139,6 +141,11 @@ def launcher(backend: str, np_: int, hosts: int = 1) -> list[str]:
             str(REPO / "train.py")]
 
 
+def powersgd_start(steps: int) -> int:
+    """DDP's PowerSGD hook runs plain allreduces for its first 10% of steps."""
+    return max(2, steps // 10)     # the hook's own minimum is 2
+
+
 def run_dir_of(out: Path, rate: str, backend: str, method: str) -> Path:
     return out / rate / backend / method
 
@@ -162,6 +169,7 @@ def run_one(method: str, rate: str, steps: int, out: Path, np_: int, extra: list
     config, accordion, _ = WORKLOADS[workload]
     compression, sets = METHODS[method]
     compression = compression.format(accordion=accordion)
+    sets = [text.format(powersgd_start=powersgd_start(steps)) for text in sets]
     run_dir = run_dir_of(out, rate, backend, method)
     overrides = [f"run.output_dir={run_dir.parent}", f"run.name={method}", f"run.steps={steps}",
                  "run.overwrite=true", "run.progress=never", f"run.backend={backend}",
@@ -274,6 +282,40 @@ def backend_table(rate: str, by_backend: dict[str, dict[str, dict]]) -> str:
     return "\n".join(lines)
 
 
+#: What a user would run instead of gravac (issue 13's peers), by backend: under torch,
+#: "horovod_fp16" is DDP's fp16 hook.
+PEERS = {"horovod": ("horovod_fp16",),
+         "torch": ("horovod_fp16", "ddp_powersgd_rank1", "ddp_powersgd_rank4")}
+PEER_NAMES = {("horovod", "horovod_fp16"): "Horovod fp16", ("torch", "horovod_fp16"): "DDP fp16 hook",
+              ("torch", "ddp_powersgd_rank1"): "DDP PowerSGD rank 1",
+              ("torch", "ddp_powersgd_rank4"): "DDP PowerSGD rank 4"}
+
+
+def peer_table(rate: str, by_backend: dict[str, dict[str, dict]]) -> str | None:
+    """Each gravac method's time to the dense target against the fastest peer's (of every
+    backend in this invocation), and its final loss against dense's: issue 13's target
+    is <= 0.8x the best peer's time with a final loss within 2% of dense."""
+    peers = [(PEER_NAMES[(b, m)], runs[m]) for b, runs in by_backend.items()
+             for m in PEERS[b] if m in runs and runs[m]["time_to_target"] is not None]
+    if not peers:
+        return None
+    best_name, best = min(peers, key=lambda p: p[1]["time_to_target"])
+    lines = [f"### {rate}: gravac against the fastest peer to the dense target "
+             f"({best_name}, {best['time_to_target']:.1f} s)", "",
+             "| backend | method | time to target (s) | vs best peer | final loss vs dense |",
+             "|---|---|---:|---:|---:|"]
+    for backend, runs in by_backend.items():
+        dense = runs["dense"]
+        for name, r in runs.items():
+            if name == "dense" or name in PEERS[backend]:
+                continue
+            ttt, best_ttt = r["time_to_target"], best["time_to_target"]
+            lines.append(f"| {backend} | {name} | {'never' if ttt is None else f'{ttt:.1f}'} | "
+                         f"{'—' if ttt is None else f'{ttt / best_ttt:.2f}x'} | "
+                         f"{(r['final_loss'] / dense['final_loss'] - 1) * 100:+.1f}% |")
+    return "\n".join(lines)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rates", nargs="+", default=["1gbit", "100mbit"])
@@ -334,6 +376,10 @@ def main() -> int:
         if len(by_backend) == 2:
             sections.append(backend_table(rate, by_backend))
             print("\n" + sections[-1] + "\n", flush=True)
+        peers = peer_table(rate, by_backend)
+        if peers:
+            sections.append(peers)
+            print("\n" + peers + "\n", flush=True)
     sys.path.insert(0, str(REPO))
     from gravac.util.atomic import atomic_write_text
 
