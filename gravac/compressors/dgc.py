@@ -83,5 +83,5 @@ class DGC(Compressor):
             return self._topk_of_all(ax, k)
         selected = mask.nonzero().view(-1)
         if count > k:
-            selected = selected[exact_topk(ax[selected], k)]
+            selected = selected.index_select(0, exact_topk(ax.index_select(0, selected), k))
         return selected

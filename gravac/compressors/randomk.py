@@ -77,5 +77,5 @@ class RandomK(Compressor):
                 idx = torch.unique(torch.cat([idx, more]))
             if idx.numel() > k:
                 keep = torch.randperm(idx.numel(), generator=g)[:k].sort().values
-                idx = idx[keep]
+                idx = idx.index_select(0, keep)
         return idx.to(x.device)

@@ -4,7 +4,7 @@ and the NaN/Inf flags: the pieces every step path shares (the plain and overlapp
 
 Example::
 
-    sel = Selection(layer, g_ef, idx_min, g_ef[idx_min])
+    sel = Selection(layer, g_ef, idx_min, g_ef.index_select(0, idx_min))
     row = gain_row(sel, "energy")                # [‖g_min‖², ‖g_c‖², ‖g_ef‖²]
     payload = apply_decision(memory, [sel], SENT_MIN)   # [(layer, values, indices)]
 """

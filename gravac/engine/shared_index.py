@@ -76,9 +76,9 @@ class SharedIndexStep:
         index_sets = self._index_sets(fed, with_candidate, plan.theta_c, step, clock)
         selections = []
         for (layer, g_ef, _), (idx_min, idx_c) in zip(fed, index_sets):
-            sel = Selection(layer, g_ef, idx_min, g_ef[idx_min])
+            sel = Selection(layer, g_ef, idx_min, g_ef.index_select(0, idx_min))
             if idx_c is not None:
-                sel.idx_c, sel.val_c = idx_c, g_ef[idx_c]
+                sel.idx_c, sel.val_c = idx_c, g_ef.index_select(0, idx_c)
             selections.append(sel)
         clock.lap("t_select")
 
@@ -117,7 +117,7 @@ class SharedIndexStep:
         for layer, val, idx in payload:
             grad = layer.param.grad.view(-1)
             grad.zero_()
-            grad[idx] = val.to(grad.dtype)
+            grad.index_copy_(0, idx, val.to(grad.dtype))
         clock.lap("t_unpack", sync=True)
         sparse = [(layer, int(v.numel())) for layer, v, _ in payload]
         kept = sum(n for _, n in sparse)

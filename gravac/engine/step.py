@@ -304,14 +304,14 @@ class StepEngine:
         rank = self.comm.rank
         k_min = num_kept(layer.numel, cf)
         idx_min = self.compressor.select(g_ef, k_min, SelectContext(step, layer.index, rank, 0))
-        val_min = g_ef[idx_min]
+        val_min = g_ef.index_select(0, idx_min)      # advanced indexing: ~3-10x slower on CPU
         sel = Selection(layer, g_ef, idx_min, val_min)
         if theta_c is not None and theta_c > cf:
             # Multi-level: the second pass sees the k_min kept values, not the n entries;
             # its k is the one a direct compression at θc would use.
             k_c = num_kept(layer.numel, theta_c)
             sub = self.compressor.select(val_min, k_c, SelectContext(step, layer.index, rank, 1))
-            sel.idx_c, sel.val_c = idx_min[sub], val_min[sub]
+            sel.idx_c, sel.val_c = idx_min.index_select(0, sub), val_min.index_select(0, sub)
         return sel
 
     def decide(self, plan, selections: list[Selection], clock: PhaseClock,
