@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 import torch
 
-from .blockscan import passing_indices
+from .blockscan import at_least, passing_indices, scan_all
 
 
 class SelectContext(NamedTuple):
@@ -133,7 +133,7 @@ class Compressor(ABC):
 
     def _at_least(self, ax: torch.Tensor, threshold) -> torch.Tensor:
         """Mask ax >= threshold in a reused buffer (valid until the next call)."""
-        return torch.ge(ax, threshold, out=self._scratch("mask", ax.numel(), torch.bool, ax.device))
+        return at_least(ax, threshold, self._scratch("mask", ax.numel(), torch.bool, ax.device))
 
     def _topk_of_all(self, x: torch.Tensor, k: int) -> torch.Tensor:
         """Exact top-k by magnitude of the whole of ``x`` (values or their magnitudes),
@@ -143,18 +143,15 @@ class Compressor(ABC):
         rows): a sampled threshold is then 0, every entry is a candidate, and a full
         ``torch.topk`` over millions of entries costs ~20x a pass. Here the nonzero
         entries are found block by block (``blockscan.passing_indices``: only the blocks
-        holding a nonzero are compared entry by entry; one pass over ``x`` when most
-        blocks do); when at most k are nonzero they are all kept and the first zero
+        holding a nonzero are compared entry by entry; ``scan_all``, one pass over ``x``,
+        when most blocks do); when at most k are nonzero they are all kept and the first zero
         entries fill up to k (zeros are all equally large: any of them is an exact
         answer), else the top-k runs over the nonzeros only.
         """
         n = x.numel()
         nonzero = passing_indices(x, 0)
         if nonzero is None:
-            nonzero_mask = torch.ne(x, 0, out=self._scratch("mask", n, torch.bool, x.device))
-            if int(torch.count_nonzero(nonzero_mask)) > n // 2:
-                return exact_topk(self._magnitudes(x), k)
-            nonzero = nonzero_mask.nonzero().view(-1)
+            nonzero = scan_all(x, 0, mask=self._scratch("mask", n, torch.bool, x.device))
         nnz = nonzero.numel()
         if nnz > n // 2:
             return exact_topk(self._magnitudes(x), k)

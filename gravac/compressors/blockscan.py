@@ -9,13 +9,19 @@ compared entry by entry. The answer is the same as the entry-by-entry scan's (th
 indices in the same ascending order, NaN handled alike); when most blocks pass, the
 screening is wasted and ``passing_indices`` says so (None) for the caller to scan it all.
 
+``scan_all`` is the entry-by-entry scan. On CPU, for float32 and float64, it runs through
+NumPy on the same memory: NumPy's comparison and ``flatnonzero`` cost ~0.1 and ~0.5 ns an
+entry against torch's ~0.8 and ~1.5 (the output layer, 2.56M entries: 3.3 ms against 7.3).
+
 Example::
 
     idx = passing_indices(grad.view(-1), threshold=0)       # the nonzero entries, or None
     idx = passing_indices(grad.view(-1), threshold=1e-3)    # |grad| >= 1e-3, or None
+    idx = scan_all(grad.view(-1), threshold=1e-3)           # the same, entry by entry
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 #: Entries per block: an embedding row (128 here) spans whole blocks; smaller blocks cost
@@ -62,3 +68,56 @@ def passing_indices(x: torch.Tensor, threshold,
         tail = _passes(x[blocks * BLOCK:], threshold).nonzero().view(-1) + blocks * BLOCK
         found = torch.cat([found, tail])
     return found
+
+
+def _numpy_ok(t: torch.Tensor) -> bool:
+    return t.device.type == "cpu" and t.is_contiguous() and not t.requires_grad \
+        and t.dtype in (torch.float32, torch.float64, torch.bool)
+
+
+def at_least(ax: torch.Tensor, threshold, out: torch.Tensor) -> torch.Tensor:
+    """``out`` (bool, like ``ax``) := ``ax >= threshold``, the threshold taken in ax's dtype
+    as torch takes it. Returns ``out``."""
+    if _numpy_ok(ax) and _numpy_ok(out):
+        an = ax.numpy()
+        np.greater_equal(an, an.dtype.type(float(threshold)), out=out.numpy())
+        return out
+    return torch.ge(ax, threshold, out=out)
+
+
+def count_true(mask: torch.Tensor) -> int:
+    """The number of True entries of a bool tensor."""
+    if _numpy_ok(mask):
+        return int(np.count_nonzero(mask.numpy()))
+    return int(torch.count_nonzero(mask))
+
+
+def true_indices(mask: torch.Tensor) -> torch.Tensor:
+    """Ascending int64 indices of the True entries of a 1-D bool tensor."""
+    if _numpy_ok(mask):
+        return torch.from_numpy(np.flatnonzero(mask.numpy()))
+    return mask.nonzero().view(-1)
+
+
+def scan_all(x: torch.Tensor, threshold, magnitudes: torch.Tensor | None = None,
+             mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Ascending int64 indices of the entries of the 1-D ``x`` with ``|x| >= threshold``
+    (threshold > 0) or ``x != 0`` (threshold 0), entry by entry. ``magnitudes`` (like x)
+    and ``mask`` (bool) are optional scratch buffers of x's length, overwritten."""
+    zero = _is_zero(threshold)
+    if _numpy_ok(x) and x.dtype != torch.bool:
+        xn = x.numpy()
+        out = None if mask is None else mask.numpy()
+        if zero:
+            passed = np.not_equal(xn, 0, out=out)
+        else:
+            ax = np.abs(xn, out=None if magnitudes is None else magnitudes.numpy())
+            # The threshold in x's dtype, as torch compares it (a float32 0-d tensor).
+            passed = np.greater_equal(ax, xn.dtype.type(float(threshold)), out=out)
+        return torch.from_numpy(np.flatnonzero(passed))
+    if zero:
+        passed = torch.ne(x, 0) if mask is None else torch.ne(x, 0, out=mask)
+    else:
+        ax = x.abs() if magnitudes is None else torch.abs(x, out=magnitudes)
+        passed = ax >= threshold if mask is None else torch.ge(ax, threshold, out=mask)
+    return passed.nonzero().view(-1)

@@ -15,6 +15,7 @@ import torch
 
 from .base import (Compressor, SelectContext, exact_topk, kth_largest, sample_generator,
                    sample_magnitudes)
+from .blockscan import count_true, true_indices
 
 
 class DGC(Compressor):
@@ -65,7 +66,7 @@ class DGC(Compressor):
             # Mostly zeros: no threshold separates k entries; keep the exact top-k.
             return self._topk_of_all(ax, k)
         mask = self._at_least(ax, threshold)
-        count = int(torch.count_nonzero(mask))
+        count = count_true(mask)
         for _ in range(self.max_retries):
             if low <= count <= high:
                 break
@@ -78,10 +79,10 @@ class DGC(Compressor):
             else:
                 threshold = threshold * (1.3 if count > high else 0.7)
             mask = self._at_least(ax, threshold)
-            count = int(torch.count_nonzero(mask))
+            count = count_true(mask)
         if count < low:
             return self._topk_of_all(ax, k)
-        selected = mask.nonzero().view(-1)
+        selected = true_indices(mask)
         if count > k:
             selected = selected.index_select(0, exact_topk(ax.index_select(0, selected), k))
         return selected

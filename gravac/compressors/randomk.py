@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from .base import Compressor, SelectContext, mix_seed
+from .blockscan import count_true, true_indices
 
 
 class RandomK(Compressor):
@@ -46,8 +47,8 @@ class RandomK(Compressor):
         overshoots; the process treats all positions alike, so the final m-set is uniform.
         """
         mask = self._scratch("mask", n, torch.bool, "cpu").zero_()
-        mask[torch.randint(0, n, (m,), generator=g)] = True
-        count = int(torch.count_nonzero(mask))
+        mask.index_fill_(0, torch.randint(0, n, (m,), generator=g), True)
+        count = count_true(mask)
         while count < m:
             more = torch.randint(0, n, (m - count,), generator=g)
             fresh = torch.unique(more[~mask[more]])
@@ -66,7 +67,7 @@ class RandomK(Compressor):
             mask = self._bitmap(n, n - k if drop else k, g)
             if drop:
                 torch.logical_not(mask, out=mask)
-            idx = mask.nonzero().view(-1)
+            idx = true_indices(mask)
         else:
             # Sparse draws: draw with replacement and drop duplicates. The distinct set is a
             # uniform subset given its size (the draw is exchangeable over indices), and a

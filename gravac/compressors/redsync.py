@@ -15,6 +15,7 @@ import math
 import torch
 
 from .base import Compressor, SelectContext, sample_generator, sample_magnitudes
+from .blockscan import count_true, true_indices
 
 
 class RedSync(Compressor):
@@ -56,7 +57,7 @@ class RedSync(Compressor):
         r, count = lo, None
         for _ in range(max_iters):
             r = (lo + hi) / 2
-            count = int(torch.count_nonzero(self._at_least(ax, mean + r * spread)))
+            count = count_true(self._at_least(ax, mean + r * spread))
             if count > high:
                 lo = r
             elif count < low:
@@ -83,14 +84,14 @@ class RedSync(Compressor):
             # Aim the sample at the middle of the band (in log terms, at k).
             r, _, _, _ = self._search(sample, mean, spread, max(1.0, 0.7 * k * scale),
                                       1.4 * k * scale, lo, hi, 40)
-            count = int(torch.count_nonzero(self._at_least(ax, mean + r * spread)))
+            count = count_true(self._at_least(ax, mean + r * spread))
             if count > high:
                 lo = r
             elif count < low:
                 hi = r
             else:
-                return self._at_least(ax, mean + r * spread).nonzero().view(-1)
+                return true_indices(self._at_least(ax, mean + r * spread))
         r, lo, hi, count = self._search(ax, mean, spread, low, high, lo, hi, self.max_iters)
         if low <= count <= high:
-            return self._at_least(ax, mean + r * spread).nonzero().view(-1)
+            return true_indices(self._at_least(ax, mean + r * spread))
         return self._topk_of_all(ax, k)

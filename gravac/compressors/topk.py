@@ -19,7 +19,7 @@ import torch
 
 from .base import (Compressor, SelectContext, exact_topk, kth_largest, sample_generator,
                    sample_magnitudes)
-from .blockscan import passing_indices
+from .blockscan import passing_indices, scan_all
 
 #: Calls a layer whose candidates filled most blocks is scanned without block screening.
 BLOCK_RETRY = 32
@@ -94,4 +94,6 @@ class TopK(Compressor):
             if found is not None:
                 return found
             skips[site] = BLOCK_RETRY
-        return self._at_least(self._magnitudes(x), threshold).nonzero().view(-1)
+        n = x.numel()
+        return scan_all(x, threshold, self._scratch("magnitudes", n, x.dtype, x.device),
+                        self._scratch("mask", n, torch.bool, x.device))

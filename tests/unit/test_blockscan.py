@@ -5,7 +5,8 @@ import torch
 
 from gravac import compressors
 from gravac.compressors import SelectContext
-from gravac.compressors.blockscan import BLOCK, passing_indices
+from gravac.compressors.blockscan import (BLOCK, at_least, count_true, passing_indices,
+                                          scan_all, true_indices)
 from gravac.engine.codec import _divide_sent
 
 
@@ -91,3 +92,29 @@ def test_dividing_the_whole_layer_or_only_the_sent_entries_gives_the_same_bits(d
         sparse.index_copy_(0, index.long(), sparse[index.long()] / 3)
         _divide_sent(acc, index, 3)
         assert torch.equal(acc, whole) and torch.equal(acc, sparse)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+def test_entrywise_helpers_equal_torch_on_every_dtype(dtype):
+    """scan_all / at_least / count_true / true_indices (NumPy on CPU float32/64) against
+    torch's own ops: NaN, -0.0, a threshold given as a float32 tensor or a Python float
+    that float32 cannot hold exactly (both compared in x's dtype, as torch does)."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(10_001, generator=g).to(dtype)
+    x[::97] = 0.0
+    x[3], x[4], x[5] = float("nan"), -0.0, float("inf")
+    x[6] = 1.3          # float32(1.3) < 1.3: passes 1.3 only if compared in x's dtype
+    threshold_tensor = x.abs()[17].clone()
+    for threshold in (0, threshold_tensor, 0.1, 1.3):
+        assert torch.equal(scan_all(x, threshold), _entrywise(x, threshold))
+        mask = torch.empty(x.numel(), dtype=torch.bool)
+        ax = torch.empty_like(x)
+        assert torch.equal(scan_all(x, threshold, ax, mask), _entrywise(x, threshold))
+        if threshold != 0:
+            want = x.abs() >= threshold
+            got = at_least(x.abs(), threshold, torch.empty(x.numel(), dtype=torch.bool))
+            assert torch.equal(got, want)
+            assert count_true(got) == int(want.sum())
+            assert torch.equal(true_indices(got), want.nonzero().view(-1))
+    strided = x[::2]                                    # not contiguous: torch's path
+    assert torch.equal(scan_all(strided, 0.5), _entrywise(strided, 0.5))
