@@ -94,11 +94,13 @@ def test_dividing_the_whole_layer_or_only_the_sent_entries_gives_the_same_bits(d
         assert torch.equal(acc, whole) and torch.equal(acc, sparse)
 
 
+@pytest.mark.parametrize("threads", [1, 4])         # NumPy's path, torch's path
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
-def test_entrywise_helpers_equal_torch_on_every_dtype(dtype):
+def test_entrywise_helpers_equal_torch_on_every_dtype(dtype, threads, monkeypatch):
     """scan_all / at_least / count_true / true_indices (NumPy on CPU float32/64) against
     torch's own ops: NaN, -0.0, a threshold given as a float32 tensor or a Python float
     that float32 cannot hold exactly (both compared in x's dtype, as torch does)."""
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
     g = torch.Generator().manual_seed(5)
     x = torch.randn(10_001, generator=g).to(dtype)
     x[::97] = 0.0
