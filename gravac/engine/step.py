@@ -2,7 +2,9 @@
 
 plan -> NaN/Inf scan -> error feedback -> select (both levels) -> agree gains (and the
 NaN/Inf flags) -> decide -> pack -> exchange (when no gains were agreed, the flags ride
-in its dense group, or beside it when it has none) -> unpack -> step record. It talks to
+in its dense group, or beside it when it has none) -> unpack -> step record. A plan that
+has decided already (GraVAC ``decide="previous"``, E7) sends its level and agrees the
+gains and flags after the exchange has started. It talks to
 other ranks only through a ``Comm`` and to the controller only through its contract
 (``plan``, ``decide``, ``end_step``), so the same engine runs on Horovod,
 torch.distributed or one process.
@@ -174,16 +176,26 @@ class StepEngine:
 
         selections, dense = self.feed_and_select_all(self.layers, plan, step, clock)
 
-        d = self.decide(plan, selections, clock, local_bad)
-        if d.bad_ranks:
-            return self.skip(step, d.bad_ranks, clock, t_compute)
-        sent, gain_min, gain_c, local_bad = d.sent, d.gain_min, d.gain_c, d.local_bad
+        # E7 (GraVAC decide="previous"): the plan has decided what the step sends, so the
+        # gains only update the controller's averages: their allreduce goes after the
+        # exchange has started, in its round, instead of holding it back by a round.
+        gains_later = plan.decided is not None and plan.needs_gains
+        if gains_later:
+            sent, rows, candidate_planned = self._planned_level(plan, selections, clock)
+            gain_min = gain_c = None
+        else:
+            d = self.decide(plan, selections, clock, local_bad)
+            if d.bad_ranks:
+                return self.skip(step, d.bad_ranks, clock, t_compute)
+            sent, gain_min, gain_c, local_bad = d.sent, d.gain_min, d.gain_c, d.local_bad
 
         # Compression computed and then not used (a dense decision): Algorithm 1 times a
         # dense step without it (line 23), so the controller is told t_iter minus this.
+        # (E7's gains round is not for nothing: it carries the flags and the averages.)
         t_discarded = 0.0
         if sent == SENT_DENSE and selections:
             t_discarded = sum(clock.times[p] for p in ("t_select", "t_norms", "t_wait_gains"))
+        had_layers = bool(selections)
         payload = apply_decision(self.memory, selections, sent)
         if sent == SENT_DENSE:
             dense.extend(s.layer for s in selections)
@@ -191,11 +203,24 @@ class StepEngine:
         clock.lap("t_residual")
         packed = self.exchange.pack(payload)
         clock.lap("t_pack", sync=True)
-        pending = self.exchange.start(packed, dense, same_size=self.compressor.exact_count,
-                                      flags=None if local_bad is None else self.flags(local_bad))
-        flags = None if pending.carries_flags else self.start_flags(local_bad)
-        pending.wait()
-        bad_ranks = pending.flagged_ranks() if pending.carries_flags else self.finish_flags(flags)
+        if gains_later:
+            pending = self.exchange.start(packed, dense, same_size=self.compressor.exact_count)
+            gain_min, gain_c, bad_ranks = self.agree_gain_rows(rows, clock, local_bad)
+            if not bad_ranks:
+                if not candidate_planned:
+                    gain_c = None
+                checked_decision(self.controller, gain_min, gain_c, had_layers,
+                                 candidate_planned, plan.decided)
+            clock.lap("t_control")
+            pending.wait()
+        else:
+            pending = self.exchange.start(
+                packed, dense, same_size=self.compressor.exact_count,
+                flags=None if local_bad is None else self.flags(local_bad))
+            flags = None if pending.carries_flags else self.start_flags(local_bad)
+            pending.wait()
+            bad_ranks = (pending.flagged_ranks() if pending.carries_flags
+                         else self.finish_flags(flags))
         clock.lap("t_wait_exchange", sync=True)
         if bad_ranks:
             # What arrived is discarded: gradients are not written, residuals go back.
@@ -313,6 +338,19 @@ class StepEngine:
             sub = self.compressor.select(val_min, k_c, SelectContext(step, layer.index, rank, 1))
             sel.idx_c, sel.val_c = idx_min.index_select(0, sub), val_min.index_select(0, sub)
         return sel
+
+    def _planned_level(self, plan, selections: list[Selection], clock: PhaseClock):
+        """E7: (the level the plan decided, the gain rows to agree after the exchange has
+        started, whether every layer has a candidate). The rows are measured now, before
+        the residual update reuses g_ef's buffer."""
+        candidate_planned = all(s.val_c is not None for s in selections)
+        sent = plan.decided if selections else SENT_MIN
+        if sent == SENT_CANDIDATE and not candidate_planned:
+            raise RuntimeError("controller decided the candidate but its plan has no "
+                               "candidate CF above theta_min")
+        rows = [gain_row(s, plan.gain_measure) for s in selections]
+        clock.lap("t_norms")
+        return sent, rows, candidate_planned
 
     def decide(self, plan, selections: list[Selection], clock: PhaseClock,
                local_bad: bool | None, has_layers: bool | None = None,

@@ -318,6 +318,39 @@ def test_nan_flags_travel_with_the_steps_data(controller):
         assert events[2:4] == [("start", "gravac.sparse"), ("start", "gravac.dense")]
 
 
+def test_decided_plan_agrees_its_gains_after_the_exchange_started():
+    """GraVAC decide="previous" (E7) without overlap: the plan's level is sent, so the
+    exchange starts first and the gains allreduce (with the NaN/Inf flags) follows it in
+    the same round; the gains still reach the controller's averages, and a rank's NaN
+    still skips the step with the residuals restored."""
+    named = _params(4096, 4096, 10)
+    comm = _RecordingComm()
+    ctrl = GraVAC(theta_min=10, theta_max=1000, window=100, alpha=1.0, epsilon=0.01,
+                  decide="previous")
+    opt = wrap_optimizer(torch.optim.SGD([p for _, p in named], lr=0.0), named, comm,
+                         controller=ctrl)
+    for step in range(3):
+        _set_grads(named, [torch.randn(p.numel()) for _, p in named])
+        comm.events.clear()
+        opt.step()
+        expected_sent = "dense" if step == 0 else "candidate"   # nothing measured before step 0
+        assert opt.last_stats.sent == expected_sent
+        assert ctrl.delta_min == pytest.approx(opt.last_stats.gain_min)
+        starts = [name for kind, name in comm.events if kind == "start"]
+        assert starts[-1] == "gravac.gains" and "gravac.finite" not in starts
+        assert starts.index("gravac.gains") > starts.index("gravac.dense")
+        assert comm.events.index(("wait", "gravac.gains")) < comm.events.index(
+            ("wait", "gravac.dense"))
+    residuals = {n: opt.memory[n].clone() for n in opt.memory.names()}
+    grads = [torch.randn(p.numel()) for _, p in named]
+    grads[0][7] = float("nan")
+    _set_grads(named, grads)
+    opt.step()
+    assert opt.last_stats.skipped and opt.last_stats.nonfinite_ranks == [0]
+    for n, r in residuals.items():
+        assert torch.equal(opt.memory[n], r)
+
+
 def test_nonfinite_check_is_exact_where_a_sum_overflows():
     """The NaN/Inf check sums in float32 and looks entry by entry only when a sum is not
     finite: finite values whose sum overflows are not a skip; a NaN or Inf is."""

@@ -204,10 +204,11 @@ def test_gravac_paper_rule_overlaps_dense_layers_and_sends_compressed_ones_after
     _assert_same(plain_model, over_model)
 
 
-def test_decide_previous_sends_what_the_gains_up_to_the_previous_step_chose():
+@pytest.mark.parametrize("overlap", [True, False])
+def test_decide_previous_sends_what_the_gains_up_to_the_previous_step_chose(overlap):
     ctrl = GraVAC(theta_min=4, theta_max=64, window=4, epsilon=0.5, alpha=1.0,
                   decide="previous")
-    model, opt = _make(lambda: ctrl, overlap=True)
+    model, opt = _make(lambda: ctrl, overlap=overlap)
     sent = []
     for step in range(12):
         # The plan announces the level from the state before this step's gains.
