@@ -70,7 +70,8 @@ class Compressor(ABC):
 
     ``select(x, k)`` returns distinct int64 indices into ``x`` (a 1-D tensor); the values
     sent are ``x[indices]`` (gather them with ``x.index_select(0, indices)``: on CPU
-    advanced indexing costs ~3-10x as much for the same result). ``k >= n`` returns every index; ``k < 1`` is an error.
+    advanced indexing costs ~3-10x as much for the same result). ``k >= n`` returns
+    every index; ``k < 1`` is an error.
     ``count_bounds(k)`` documents how many indices a call may return.
 
     Example::
