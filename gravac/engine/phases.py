@@ -20,7 +20,8 @@ waits in collectives (``WAIT_PHASES``, their sum is ``t_comm``)
                      (controllers that observe gradients: Accordion); otherwise the
                      flags ride in the gains allreduce, the exchange's dense group
                      or beside the exchange, and their wait is in those phases
-    t_wait_gains     the gains allreduce
+    t_wait_gains     the gains allreduce (GraVAC ``decide="previous"`` without overlap:
+                     started after the exchange, so this wait holds the exchange's too)
     t_wait_exchange  the sparse allgather and the dense allreduces
 
 On CUDA a clock read would synchronise the device; by default only the phase
