@@ -205,13 +205,10 @@ class StepEngine:
         clock.lap("t_pack", sync=True)
         if gains_later:
             pending = self.exchange.start(packed, dense, same_size=self.compressor.exact_count)
-            gain_min, gain_c, bad_ranks = self.agree_gain_rows(rows, clock, local_bad)
-            if not bad_ranks:
-                if not candidate_planned:
-                    gain_c = None
-                checked_decision(self.controller, gain_min, gain_c, had_layers,
-                                 candidate_planned, plan.decided)
-            clock.lap("t_control")
+            # The plan's level again (checked_decision), and the gains reach the averages.
+            d = self.decide(plan, [], clock, local_bad, has_layers=had_layers,
+                            candidate_planned=candidate_planned, rows=rows)
+            gain_min, gain_c, bad_ranks = d.gain_min, d.gain_c, d.bad_ranks
             pending.wait()
         else:
             pending = self.exchange.start(
@@ -354,20 +351,23 @@ class StepEngine:
 
     def decide(self, plan, selections: list[Selection], clock: PhaseClock,
                local_bad: bool | None, has_layers: bool | None = None,
-               candidate_planned: bool | None = None) -> "Decision":
+               candidate_planned: bool | None = None,
+               rows: list[torch.Tensor] | None = None) -> "Decision":
         """The step's decision, the same on every rank. With ``plan.needs_gains`` the gains
-        of ``selections`` (this rank's, maybe none) are agreed by one allreduce that also
-        carries ``local_bad`` when not None; ranks with a NaN/Inf mean the step must be
-        skipped (the residuals are rolled back here, ``sent`` is None). ``has_layers`` and
-        ``candidate_planned`` (from ``selections`` by default) must be the same on every
-        rank. ``Decision.local_bad``: the flag still to agree (None once the gains did)."""
+        of ``selections`` (this rank's, maybe none; or their ``gain_row`` rows, measured
+        earlier) are agreed by one allreduce that also carries ``local_bad`` when not None;
+        ranks with a NaN/Inf mean the step must be skipped (the residuals are rolled back
+        here, ``sent`` is None). ``has_layers`` and ``candidate_planned`` (from
+        ``selections`` by default) must be the same on every rank. ``Decision.local_bad``:
+        the flag still to agree (None once the gains did)."""
         if has_layers is None:
             has_layers = bool(selections)
         if candidate_planned is None:
             candidate_planned = all(s.val_c is not None for s in selections)
         gain_min = gain_c = None
         if plan.needs_gains:
-            rows = [gain_row(s, plan.gain_measure) for s in selections]
+            if rows is None:
+                rows = [gain_row(s, plan.gain_measure) for s in selections]
             gain_min, gain_c, bad_ranks = self.agree_gain_rows(rows, clock, local_bad)
             if bad_ranks:
                 self.memory.rollback_step()
