@@ -43,12 +43,14 @@ def detect_backend(environ: Mapping[str, str] | None = None) -> str:
     return "horovod" if importlib.util.find_spec("horovod") is not None else "local"
 
 
-def init(backend: str = "auto", horovod_cycle_time_ms="auto") -> Comm:
+def init(backend: str = "auto", horovod_cycle_time_ms="auto",
+         horovod_wait: str = "sleep") -> Comm:
     """Start ``backend`` (see the module docstring) and return the world's ``Comm``.
 
     ``horovod_cycle_time_ms``: Horovod's background cycle (``horovod_cycle.py``): "auto"
     lengthens it on hosts with fewer than two cores per rank, a number sets it, "horovod"
-    leaves it alone."""
+    leaves it alone. ``horovod_wait``: "sleep" polls a collective's handle and sleeps
+    between polls, "spin" waits in Horovod's own yield loop (``horovod.wait_sleeping``)."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     if backend == "auto":
@@ -58,8 +60,9 @@ def init(backend: str = "auto", horovod_cycle_time_ms="auto") -> Comm:
     if backend == "horovod":
         import horovod.torch as hvd
 
-        from .horovod import HorovodComm
+        from .horovod import HorovodComm, set_wait_mode
         from .horovod_cycle import apply_cycle_time
+        set_wait_mode(horovod_wait)
         apply_cycle_time(horovod_cycle_time_ms)   # read by hvd.init()
         hvd.init()
         return HorovodComm()

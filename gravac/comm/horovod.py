@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import time
 from typing import Any, Sequence
 
 import horovod.torch as hvd
@@ -22,11 +23,59 @@ _OPS = {"sum": hvd.Sum, "average": hvd.Average}
 _PROCESS_SETS: dict[tuple[int, ...], object] = {}   # sub-groups made so far, by ranks
 
 
+#: Sleeps between polls of an unfinished collective, seconds: short first (a collective
+#: that is nearly done costs little latency), then WAIT_POLL_MAX_S, under Horovod's 5 ms
+#: crowded-host cycle (``horovod_cycle.py``) and a fraction of its 1 ms default.
+WAIT_POLL_FIRST_S = 50e-6
+WAIT_POLL_MAX_S = 500e-6
+
+
+def wait_sleeping(handle, poll=None, sleep=time.sleep) -> int:
+    """Return once Horovod's ``handle`` has finished, sleeping between polls; the number
+    of sleeps. Why not ``hvd.synchronize`` alone: Horovod 0.28.1 waits by yielding in a
+    loop, so a rank waiting for a late one keeps a core busy in sched_yield (measured: a
+    waiting rank used 1.0 s of user and 5.2 s of system CPU time in 5 s, two ranks on
+    two cores). Where ranks share cores, the waiters take CPU from the ranks they are
+    waiting for: with 4 ranks on 2 cores every step's skew grows. ``hvd.synchronize`` is
+    still called afterwards, and then returns at once.
+
+    Example::
+
+        h = hvd.allreduce_async(t, name="x")
+        wait_sleeping(h)          # the core is free meanwhile
+        out = hvd.synchronize(h)
+    """
+    poll = hvd.poll if poll is None else poll
+    delay, sleeps = WAIT_POLL_FIRST_S, 0
+    while not poll(handle):
+        sleep(delay)
+        sleeps += 1
+        delay = min(2 * delay, WAIT_POLL_MAX_S)
+    return sleeps
+
+
+#: How gravac waits for its Horovod collectives (``run.horovod_wait``): "sleep"
+#: (``wait_sleeping``) or "spin" (``hvd.synchronize`` alone, Horovod's own yield loop).
+WAIT_MODES = ("sleep", "spin")
+_wait_mode = "sleep"
+
+
+def set_wait_mode(mode: str) -> None:
+    """Choose how every ``HorovodComm`` handle waits from now on (``gravac.comm.init``
+    calls it with ``run.horovod_wait``)."""
+    global _wait_mode
+    if mode not in WAIT_MODES:
+        raise ValueError(f"horovod_wait must be one of {', '.join(WAIT_MODES)}, got {mode!r}")
+    _wait_mode = mode
+
+
 class _HorovodHandle(Handle):
     def __init__(self, handle, finish=None):
         self._handle, self._finish = handle, finish
 
     def wait(self):
+        if _wait_mode == "sleep":
+            wait_sleeping(self._handle)
         out = hvd.synchronize(self._handle)
         return self._finish(out) if self._finish is not None else out
 
@@ -76,8 +125,8 @@ class HorovodComm(Comm):
         return root if members is None else sorted(members)[root]
 
     def broadcast_(self, tensor, root, name) -> None:
-        hvd.broadcast_(tensor, root_rank=self._global(root), name=name,
-                       process_set=self.process_set)
+        _HorovodHandle(hvd.broadcast_async_(tensor, root_rank=self._global(root), name=name,
+                                            process_set=self.process_set)).wait()
 
     def broadcast_object(self, obj: Any, name: str, root: int = 0) -> Any:
         return hvd.broadcast_object(obj, root_rank=self._global(root), name=name,

@@ -73,6 +73,11 @@ class RunConfig:
     # where a host's ranks cannot each have 2 cores (the 1 ms default then steals CPU from
     # compute: docs/BENCHMARKS.md §4), a number sets it, "horovod" leaves Horovod's.
     horovod_cycle_time_ms: float | str = "auto"
+    # How a rank waits for its Horovod collectives (gravac/comm/horovod.py): "sleep" polls
+    # and sleeps (a waiting rank leaves its core to the others: with more ranks than cores
+    # Horovod's own yield loop took a core per waiting rank, docs/BENCHMARKS.md §6),
+    # "spin" waits in Horovod's loop.
+    horovod_wait: str = "sleep"
     report: bool = True
     # Seconds without a finished training step before a rank gives up (a peer hangs); 0: off.
     stall_timeout: float = 60.0
@@ -403,6 +408,8 @@ def validate(cfg: Config) -> None:
     except ValueError:
         raise ConfigError(f"run.horovod_cycle_time_ms={r.horovod_cycle_time_ms!r}: "
                           f"{CYCLE_PROBLEM}") from None
+    _require(r.horovod_wait in ("sleep", "spin"), "run.horovod_wait", r.horovod_wait,
+             "must be 'sleep' or 'spin'")
     _require(r.stall_timeout >= 0, "run.stall_timeout", r.stall_timeout,
              "must be >= 0 seconds (0 turns the stall watchdog off)")
     _require(r.stop_check_interval >= 1, "run.stop_check_interval", r.stop_check_interval,

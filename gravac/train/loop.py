@@ -175,7 +175,8 @@ class Trainer:
 
     Example::
 
-        comm = gravac.comm.init(cfg.run.backend, cfg.run.horovod_cycle_time_ms)
+        comm = gravac.comm.init(cfg.run.backend, cfg.run.horovod_cycle_time_ms,
+                                cfg.run.horovod_wait)
         trainer = Trainer(cfg, comm)
         trainer.start(resume=False)
         trainer.open_log()
@@ -255,7 +256,8 @@ class Trainer:
                          f"{cfg.compression.horovod_compression})")
         line = f"transport {self.comm.backend}: {self.world} rank(s)"
         if self.comm.backend == "horovod":
-            line += f"; Horovod cycle {os.environ.get('HOROVOD_CYCLE_TIME', '1')} ms"
+            line += (f"; Horovod cycle {os.environ.get('HOROVOD_CYCLE_TIME', '1')} ms, waits "
+                     f"{self.cfg.run.horovod_wait}")
         lines.append(line)
         return "\n".join(lines)
 
@@ -541,7 +543,7 @@ def train(cfg: Config, resume: bool = False, dry_run: bool = False) -> dict:
         # Its host groups are Horovod process sets made at run time; Horovod reads this
         # at hvd.init().
         os.environ.setdefault("HOROVOD_DYNAMIC_PROCESS_SETS", "1")
-    comm = init_comm(cfg.run.backend, cfg.run.horovod_cycle_time_ms)
+    comm = init_comm(cfg.run.backend, cfg.run.horovod_cycle_time_ms, cfg.run.horovod_wait)
     trainer = Trainer(cfg, comm, elastic=cfg.run.elastic)
     if dry_run:
         if trainer.rank == 0:

@@ -25,7 +25,7 @@ MAY_CHANGE = (
     "run.log_interval", "run.progress", "run.report",    # logging
     "run.rank_phases",
     "run.overwrite", "run.threads", "run.keep_freed_memory",    # how the process runs
-    "run.horovod_cycle_time_ms",
+    "run.horovod_cycle_time_ms", "run.horovod_wait",
     "run.stall_timeout", "run.stop_check_interval",
     "run.elastic_commit_interval", "run.backend",        # the transport: same math
     "run.resume_allow_changes",
