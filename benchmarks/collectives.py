@@ -17,7 +17,8 @@ JSON). Groups:
 Collectives: ``comm.allreduce`` (average, fp32), ``comm.grouped_allreduce_async_`` (two
 fp32 tensors of half the size each: the dense exchange's fused call),
 ``comm.allgather_bytes(same_size=True)`` (uint8; the size is the gathered total, each rank
-contributes 1/ranks of it) and ``comm.broadcast_`` (fp32, root 0). Sizes go from
+contributes 1/ranks of it), ``comm.broadcast_`` (fp32, root 0) and ``comm.allreduce`` of
+fp16 (``allreduce_fp16``: Horovod's fp16 compression, summed in half precision on the CPU). Sizes go from
 ``--min-bytes`` (8) to ``--max-bytes`` (32M) by factors of ``--factor`` (4).
 
 Examples (run from the repository root; the sandboxes need root)::
@@ -32,6 +33,16 @@ Examples (run from the repository root; the sandboxes need root)::
          -p "$GRAVAC_SSH_PORT" -i "$GRAVAC_SSH_KEY" \\
          $PWD/.venv/bin/python $PWD/benchmarks/collectives.py --link 1gbit \\
          --out $PWD/runs/scaling/collectives_2x2_1gbit.json'
+
+Last, the **lockstep** measurement (``--lockstep-ms``, ``measure_lockstep``): every rank
+does W ms of CPU work (compute-bound "gemm" and memory-bound "stream", W as each rank timed
+it alone) and then a 4-byte allreduce, as a training step does its compute and local
+compression before a collective. With more ranks than cores such a step takes more than W:
+the cores are shared, the ranks finish at different moments and the collective waits for
+the last, background threads (Horovod's cycle, Gloo, the sandbox's network) take their
+share. ``scaling.py calibrate`` fits step = sync + factor·W per kind of work, and
+``validate`` stretches compute and local work by these factors instead of assuming
+ranks/cores.
 
 Horovod's background cycle is chosen as the trainer chooses it (``gravac.comm.init``:
 5 ms where a host's ranks crowd its cores), so the latencies measured are the ones a
@@ -48,7 +59,7 @@ import sys
 import time
 from pathlib import Path
 
-OPS = ("allreduce", "grouped_allreduce", "allgather", "broadcast")
+OPS = ("allreduce", "grouped_allreduce", "allgather", "broadcast", "allreduce_fp16")
 GROUPS = ("world", "host", "leaders")
 KIND = "gravac.scaling.collectives"
 
@@ -112,6 +123,10 @@ def _call(comm, op: str, nbytes: int, name: str):
         each = max(1, nbytes // comm.size)
         buf = torch.zeros(each, dtype=torch.uint8)
         return (lambda: comm.allgather_bytes(buf, name=name, same_size=True)), each
+    if op == "allreduce_fp16":               # Horovod's fp16 compression: a half allreduce
+        halves = max(2, nbytes // 2)
+        h = torch.ones(halves, dtype=torch.float16)
+        return (lambda: comm.allreduce(h, op="average", name=name)), halves * 2
     floats = max(2, nbytes // 4)
     if op == "allreduce":
         t = torch.ones(floats)
@@ -171,6 +186,99 @@ def merge(per_rank: list[dict], repeats: int) -> dict:
             for label, ops in merged.items()}
 
 
+# -- lockstep: CPU work between collectives, as a training step does ----------------------------
+#: Work kinds: "gemm" is compute-bound like forward/backward, "stream" memory-bound like the
+#: selection, error feedback and unpacking of gravac's local work.
+WORK_KINDS = ("gemm", "stream")
+
+
+def _work_unit(kind: str):
+    """One unit of CPU work of ``kind`` (about a millisecond alone on this machine)."""
+    import torch
+
+    if kind == "gemm":
+        a, b = torch.rand(160, 160), torch.rand(160, 160)
+        out = torch.empty(160, 160)
+        return lambda: torch.mm(a, b, out=out)
+    src, dst = torch.rand(1 << 19), torch.empty(1 << 19)     # 2 MiB each: past the caches
+    return lambda: dst.copy_(src).mul_(1.0001)
+
+
+def _unit_seconds(unit, seconds: float = 0.3) -> float:
+    """Median seconds of one unit, from batches filling about ``seconds``."""
+    unit()
+    t0, count = time.perf_counter(), 0
+    while time.perf_counter() - t0 < 0.05:
+        unit()
+        count += 1
+    batch = max(1, int(count * seconds / 0.05 / 5))
+    samples = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(batch):
+            unit()
+        samples.append((time.perf_counter() - t0) / batch)
+    return statistics.median(samples)
+
+
+def measure_lockstep(comm, works_ms, repeats: int, kinds=WORK_KINDS) -> dict:
+    """Steps of W ms of CPU work (W as timed alone) followed by a 4-byte allreduce, every
+    rank at once: what one step's CPU phase costs in this layout. Returns, per kind and W,
+    this rank's seconds per step and of its own work inside the step.
+
+    Each rank first times one unit of work while the others wait in a barrier (alone on
+    the machine but for idle ranks), so W means the same work on every rank. With more
+    ranks than cores a step takes more than W: the cores are shared (about ranks/cores),
+    the ranks finish their work at different moments and the collective waits for the
+    last (skew), and background threads (Horovod's cycle, Gloo, the sandbox's network)
+    take their share. ``scaling.py calibrate`` fits step = sync + factor·W."""
+    import torch
+
+    flag = torch.zeros(1)
+    out = {}
+    for kind in kinds:
+        unit = _work_unit(kind)
+        alone = None
+        for r in range(comm.size):
+            if comm.rank == r:
+                alone = _unit_seconds(unit)
+            comm.barrier(name=f"scal.lockstep.{kind}.alone{r}")
+        rows = []
+        for w_ms in works_ms:
+            units = int(round(w_ms / 1e3 / alone))
+            comm.allreduce(flag, op="sum", name=f"scal.lockstep.{kind}.{w_ms}.warm")
+            steps, own = [], []
+            for i in range(repeats):
+                t0 = time.perf_counter()
+                for _ in range(units):
+                    unit()
+                t1 = time.perf_counter()
+                comm.allreduce(flag, op="sum", name=f"scal.lockstep.{kind}.{w_ms}.{i}")
+                steps.append(time.perf_counter() - t0)
+                own.append(t1 - t0)
+            rows.append({"work_s": units * alone, "steps_s": steps, "own_s": own})
+        out[kind] = {"unit_s": alone, "rows": rows}
+    return out
+
+
+def merge_lockstep(per_rank: list[dict]) -> dict:
+    """Per kind and W: the median over steps of the slowest rank's step (all ranks leave a
+    step's allreduce together, so their step times differ by the release only) and the
+    median over steps and ranks of the rank's own work."""
+    merged = {}
+    for kind in per_rank[0]:
+        rows = []
+        for i, row in enumerate(per_rank[0][kind]["rows"]):
+            ranks = [r[kind]["rows"][i] for r in per_rank]
+            steps = [max(vals) for vals in zip(*(r["steps_s"] for r in ranks))]
+            own = [v for r in ranks for v in r["own_s"]]
+            rows.append({"work_s": statistics.median(r["work_s"] for r in ranks),
+                         "step_s": statistics.median(steps),
+                         "own_s": statistics.median(own)})
+        merged[kind] = {"unit_s": [r[kind]["unit_s"] for r in per_rank], "rows": rows}
+    return merged
+
+
 def main(argv=None) -> int:
     parser = _OneLineParser(prog="collectives.py", description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="JSON written by rank 0")
@@ -182,7 +290,12 @@ def main(argv=None) -> int:
     parser.add_argument("--factor", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--ops", nargs="+", default=list(OPS), choices=OPS)
-    parser.add_argument("--groups", nargs="+", default=list(GROUPS), choices=GROUPS)
+    parser.add_argument("--groups", nargs="*", default=list(GROUPS), choices=GROUPS,
+                        help="groups whose collectives are timed; none: the lockstep only")
+    parser.add_argument("--lockstep-ms", type=float, nargs="*", default=[0, 50, 100, 200],
+                        help="CPU work per step (ms, as timed alone) of the lockstep "
+                             "measurement; none to skip it")
+    parser.add_argument("--lockstep-repeats", type=int, default=8)
     parser.add_argument("--backend", default="auto", choices=("auto", "horovod", "torch", "local"))
     parser.add_argument("--threads", type=int, default=None,
                         help="torch threads per rank (default: cores / ranks on the host, "
@@ -192,6 +305,10 @@ def main(argv=None) -> int:
         parser.error(f"argument --factor: must be >= 2, got {args.factor}")
     if args.repeats < 1:
         parser.error(f"argument --repeats: must be >= 1, got {args.repeats}")
+    if args.lockstep_repeats < 1:
+        parser.error(f"argument --lockstep-repeats: must be >= 1, got {args.lockstep_repeats}")
+    if any(not w >= 0 for w in args.lockstep_ms):
+        parser.error(f"argument --lockstep-ms: must be >= 0, got {args.lockstep_ms}")
     if args.max_bytes < args.min_bytes:
         parser.error(f"argument --max-bytes: {args.max_bytes} is below --min-bytes "
                      f"{args.min_bytes}")
@@ -239,7 +356,12 @@ def main(argv=None) -> int:
         comm.barrier(name=f"scal.{label}.done")    # non-members wait here
         if comm.rank == 0:
             print(f"[collectives] {label}: done after {time.time() - started:.0f}s", flush=True)
+    lockstep = measure_lockstep(comm, args.lockstep_ms, args.lockstep_repeats) \
+        if args.lockstep_ms else None
+    if comm.rank == 0 and lockstep is not None:
+        print(f"[collectives] lockstep: done after {time.time() - started:.0f}s", flush=True)
     per_rank = comm.allgather_object(mine, name="scal.results")
+    per_rank_lockstep = comm.allgather_object(lockstep, name="scal.lockstep.results")
     if comm.rank == 0:
         merged = merge(per_rank, args.repeats)
         sizes_of = {"world": comm.size, "host": n_slots, "leaders": n_hosts}
@@ -256,6 +378,8 @@ def main(argv=None) -> int:
                                "instances": n_hosts if label == "host" else 1, "ops": ops}
                        for label, ops in merged.items()},
         }
+        if lockstep is not None:
+            result["lockstep"] = merge_lockstep(per_rank_lockstep)
         args.out.parent.mkdir(parents=True, exist_ok=True)
         tmp = args.out.with_suffix(args.out.suffix + ".tmp")
         tmp.write_text(json.dumps(result, indent=1) + "\n")

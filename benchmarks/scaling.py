@@ -107,7 +107,10 @@ class Link:
         return f"α {self.alpha_s * 1e6:.1f} µs, {self.gbit_per_s:.3g} Gbit/s"
 
 
-COLLECTIVES = ("allreduce", "allgather", "broadcast")
+#: "allreduce_fp16": an allreduce of float16 values (Horovod's fp16 compression), priced
+#: as a ring allreduce on a link of its own: Gloo sums fp16 on the CPU element by element,
+#: slower per byte than fp32 (calibrated where measured, else the allreduce's link).
+COLLECTIVES = ("allreduce", "allgather", "broadcast", "allreduce_fp16")
 
 
 def collective_terms(kind: str, nbytes: float, n: int) -> tuple[float, float]:
@@ -126,7 +129,7 @@ def collective_terms(kind: str, nbytes: float, n: int) -> tuple[float, float]:
     """
     if n <= 1 or nbytes <= 0:
         return (0, 0)
-    if kind == "allreduce":
+    if kind in ("allreduce", "allreduce_fp16"):
         return (2 * (n - 1), 2 * (n - 1) / n * nbytes)
     if kind == "allgather":
         return (n - 1, (n - 1) * nbytes)
@@ -462,7 +465,8 @@ def step_rounds(case: StepCase, model: ModelShapes, layout: Layout) -> list[list
     all_dense = Collective("allreduce", "world", case.dense_wire * model.n_total, "dense")
     ex = case.exchange
     if ex in ("dense", "fp16"):
-        return [[Collective("allreduce", "world", (4 if ex == "dense" else 2) * model.n_total,
+        return [[Collective("allreduce" if ex == "dense" else "allreduce_fp16", "world",
+                            (4 if ex == "dense" else 2) * model.n_total,
                             "dense")]]
     if ex == "powersgd":
         lr = _lowrank_of(case, model)
@@ -624,6 +628,57 @@ def contention(ranks: int, cores: int) -> float:
     """How much slower each rank's CPU work runs with ``ranks`` processes on ``cores``
     cores than alone: max(1, ranks / cores). The sandbox's hosts all share this machine."""
     return max(1.0, ranks / max(1, cores))
+
+
+@dataclass(frozen=True)
+class CpuSharing:
+    """How a step's CPU work stretches when a layout's ranks share this machine, measured
+    (``collectives.py``'s lockstep steps, fitted by ``calibrate``) instead of assumed
+    (``contention``). Per kind of work ("gemm": forward/backward, "stream": the local
+    compression work): ``step[kind]`` seconds of a lockstep step per second of that work
+    done alone (the cores shared, the skew a collective waits for, background threads),
+    ``own[kind]`` seconds of a rank's own work per second alone (what its t_compute
+    records; the rest of ``step`` is waited in the next collective).
+
+    Example::
+
+        sharing = CpuSharing({"gemm": 2.9, "stream": 3.4}, {"gemm": 1.7, "stream": 2.0})
+        sharing.step_time(compute_alone=0.1, local_alone=0.02)     # 0.358 s
+    """
+
+    step: dict
+    own: dict
+
+    @classmethod
+    def from_calibration(cls, calibration: dict) -> "CpuSharing | None":
+        fits = calibration.get("lockstep")
+        if not fits:
+            return None
+        return cls({k: f["step_factor"] for k, f in fits.items()},
+                   {k: f["own_factor"] for k, f in fits.items()})
+
+    def step_time(self, compute_alone: float, local_alone: float) -> float:
+        """Seconds of a step's CPU phase (collectives' own times not included)."""
+        return self.step["gemm"] * compute_alone + self.step["stream"] * local_alone
+
+    def compute_alone(self, recorded: float) -> float:
+        """A rank's recorded t_compute + t_update in this layout -> seconds alone."""
+        return recorded / self.own["gemm"]
+
+
+def fit_lockstep(lockstep: dict) -> dict:
+    """``calibrate``'s fit of collectives.py's lockstep rows, per kind of work:
+    step = sync_s + step_factor · work alone; own = own_factor · work alone."""
+    out = {}
+    for kind, data in lockstep.items():
+        rows = [r for r in data["rows"]]
+        step = least_squares([[1.0, r["work_s"]] for r in rows], [r["step_s"] for r in rows])
+        busy = [r for r in rows if r["work_s"] > 0]
+        own = least_squares([[r["work_s"]] for r in busy], [r["own_s"] for r in busy]) \
+            if busy else [1.0]
+        out[kind] = {"sync_s": step[0], "step_factor": step[1], "own_factor": own[0],
+                     "points": len(rows)}
+    return out
 
 
 def local_time(case: StepCase, model: ModelShapes, layout: Layout,
@@ -955,7 +1010,7 @@ def case_of(record: dict, cfg, exchange: str) -> StepCase:
 
 
 # -- measure-compression ----------------------------------------------------------------------
-def _median_time(fn, repeats: int) -> float:
+def _timed(fn, repeats: int) -> float:
     from timing import median_time     # benchmarks/timing.py, beside this file
     return median_time(fn, repeats)
 
@@ -964,9 +1019,14 @@ def measure_compression(sizes: Sequence[int], cfs: Sequence[float], chunks: Sequ
                         repeats: int, compressor: str = "topk",
                         lowrank_shapes: Sequence[tuple[int, int]] = ((64, 64), (256, 256),
                                                                      (512, 1024), (1024, 2048)),
-                        ranks: Sequence[int] = (1, 2, 4), seed: int = 0) -> dict:
+                        ranks: Sequence[int] = (1, 2, 4), seed: int = 0,
+                        sync=None) -> dict:
     """Time gravac's own local code on flat tensors and fit the per-element costs of
-    ``CompressionCosts``. Returns the JSON document (samples and fits)."""
+    ``CompressionCosts``. Returns the JSON document (samples and fits).
+
+    ``sync()``, when given, is called before every timed sample: the processes of
+    ``measure_compression_concurrent`` wait for each other there, so that they time the
+    same work at the same moment, as the ranks of a step do."""
     import torch
 
     from gravac import compressors
@@ -979,6 +1039,11 @@ def measure_compression(sizes: Sequence[int], cfs: Sequence[float], chunks: Sequ
     except ImportError:          # before the engine's selection helpers had a module
         from gravac.engine.step import has_nonfinite
 
+    def timed(fn, repeats):
+        if sync is not None:
+            sync()
+        return _timed(fn, repeats)
+
     g = torch.Generator().manual_seed(seed)
     comp = compressors.get(compressor)
     samples: dict[str, list] = {"pipeline": [], "select": [], "norm": [], "copy": [], "cast": [],
@@ -987,15 +1052,16 @@ def measure_compression(sizes: Sequence[int], cfs: Sequence[float], chunks: Sequ
     for n in sizes:
         grad = torch.randn(n, generator=g)
         out = torch.empty(n)
-        samples["norm"].append((n, _median_time(lambda: torch.dot(grad, grad), repeats)))
-        samples["copy"].append((n, _median_time(lambda: out.copy_(grad), repeats)))
-        samples["cast"].append((n, _median_time(lambda: out.copy_(grad.to(torch.float16)),
-                                                repeats)))
-        samples["check"].append((n, _median_time(lambda: has_nonfinite([grad]), repeats)))
+        samples["norm"].append((n, timed(lambda: torch.dot(grad, grad), repeats)))
+        samples["copy"].append((n, timed(lambda: out.copy_(grad), repeats)))
+        samples["cast"].append((n, timed(lambda: out.copy_(grad.to(torch.float16)),
+                                         repeats)))
+        samples["check"].append((n, timed(lambda: has_nonfinite([grad]), repeats)))
         for cf in cfs:
             k = num_kept(n, cf)
-            samples["select"].append((n, k, _median_time(
-                lambda: grad[comp.select(grad, k, SelectContext(step=next(step)))], repeats)))
+            samples["select"].append((n, k, timed(
+                lambda: grad.index_select(
+                    0, comp.select(grad, k, SelectContext(step=next(step)))), repeats)))
             codec = SparseCodec([SparseLayer("x", n, torch.float32)])
             for c in chunks:
                 # C chunks of other ranks' selections (distinct random indices each).
@@ -1010,12 +1076,12 @@ def measure_compression(sizes: Sequence[int], cfs: Sequence[float], chunks: Sequ
                 def pipeline():
                     g_ef = memory.compensate("x", grad)
                     idx = comp.select(g_ef, k, SelectContext(step=next(step)))
-                    vals = g_ef[idx]
+                    vals = g_ef.index_select(0, idx)      # the engine's gather
                     memory.update("x", g_ef, SparseSent(idx, vals))
                     _, ctx = codec.pack([(vals, idx)])
                     codec.aggregate_into(gathered, ctx, c, [out])
 
-                samples["pipeline"].append((n, k, c, _median_time(pipeline, repeats)))
+                samples["pipeline"].append((n, k, c, timed(pipeline, repeats)))
     for rows, cols in lowrank_shapes:
         grad = torch.randn(rows * cols, generator=g)
         target = torch.empty(rows, cols)
@@ -1032,11 +1098,81 @@ def measure_compression(sizes: Sequence[int], cfs: Sequence[float], chunks: Sequ
                 target.copy_(m_hat)
                 memory.update("m", g_ef, m_hat)
 
-            samples["powersgd"].append((rows * cols, r, _median_time(lowrank, repeats)))
+            samples["powersgd"].append((rows * cols, r, timed(lowrank, repeats)))
     return {"kind": "gravac.scaling.compression", "compressor": compressor,
             "threads": torch.get_num_threads(), "ranks": 1, "cores": os.cpu_count(),
             "torch": torch.__version__, "repeats": repeats, "samples": samples,
             "fits": fit_compression(samples)}
+
+
+def _compression_worker(kwargs: dict, threads: int, barrier, results) -> None:
+    """One process of ``measure_compression_concurrent`` (module level: spawn pickles it)."""
+    import torch
+
+    torch.set_num_threads(threads)
+    try:
+        results.put(("ok", measure_compression(**kwargs, sync=barrier.wait)))
+    except BaseException as exc:                # the parent reports it and stops the others
+        barrier.abort()
+        results.put(("error", f"{type(exc).__name__}: {exc}"))
+
+
+def slowest_samples(docs: Sequence[dict]) -> dict:
+    """Samples of several processes' ``measure_compression`` documents (the same sizes in
+    the same order), each with the largest time of any process."""
+    return {name: [[*rows[0][:-1], max(r[-1] for r in rows)]
+                   for rows in zip(*(d["samples"][name] for d in docs))]
+            for name in docs[0]["samples"]}
+
+
+def measure_compression_concurrent(procs: int, threads: int = 1, **kwargs) -> dict:
+    """``measure_compression`` in ``procs`` processes at once on this machine, every sample
+    started together: the local costs of a step with ``procs`` ranks sharing the cores
+    (memory bandwidth and caches included, which ``contention()``'s ranks/cores leaves out).
+    Each sample keeps the slowest process's time, since a collective after the local work
+    waits for the last rank. The document has ``ranks: procs``, so ``validate`` applies no
+    contention factor to it at that many ranks.
+
+    Example::
+
+        doc = measure_compression_concurrent(4, sizes=[2**16, 2**20], cfs=[10, 100],
+                                             chunks=[1, 4], repeats=5)
+        CompressionCosts.from_json(doc).ranks      # 4
+    """
+    import multiprocessing as mp
+    import queue
+
+    if procs == 1:
+        import torch
+        torch.set_num_threads(threads)
+        return measure_compression(**kwargs)
+    ctx = mp.get_context("spawn")        # a fork would share torch's thread pools
+    barrier, results = ctx.Barrier(procs), ctx.Queue()
+    workers = [ctx.Process(target=_compression_worker, args=(kwargs, threads, barrier, results),
+                           daemon=True) for _ in range(procs)]
+    for w in workers:
+        w.start()
+    docs, errors = [], []
+    try:
+        while len(docs) + len(errors) < procs:
+            try:
+                status, value = results.get(timeout=5)
+            except queue.Empty:
+                if not any(w.is_alive() for w in workers):
+                    errors.append("a measuring process died without a result")
+                    break
+                continue
+            (docs if status == "ok" else errors).append(value)
+    finally:
+        for w in workers:
+            w.join(timeout=10)
+            if w.is_alive():
+                w.terminate()
+    if errors:
+        raise CliError(f"measure-compression --procs {procs}: {errors[0]}")
+    samples = slowest_samples(docs)
+    return {**docs[0], "ranks": procs, "samples": samples, "fits": fit_compression(samples),
+            "per_process_fits": [d["fits"] for d in docs]}
 
 
 def fit_compression(samples: dict) -> dict:
@@ -1070,7 +1206,8 @@ def fit_compression(samples: dict) -> dict:
 # -- calibrate --------------------------------------------------------------------------------
 #: gravac's collectives -> the model's: both allreduce forms are "allreduce".
 OP_KIND = {"allreduce": "allreduce", "grouped_allreduce": "allreduce",
-           "allgather": "allgather", "broadcast": "broadcast"}
+           "allgather": "allgather", "broadcast": "broadcast",
+           "allreduce_fp16": "allreduce_fp16"}
 
 
 def calibrate(measurements: Sequence[dict]) -> dict:
@@ -1098,10 +1235,17 @@ def calibrate(measurements: Sequence[dict]) -> dict:
         for n in sorted({p[1] for p in pts}):
             by_ranks.setdefault(scope, {}).setdefault(kind, {})[str(n)] = \
                 entry([p for p in pts if p[1] == n])
+    with_lockstep = [m["lockstep"] for m in measurements if m.get("lockstep")]
+    if len(with_lockstep) > 1:
+        raise CliError(f"{len(with_lockstep)} inputs have lockstep rows: give one (a "
+                       "collectives.py run with --lockstep-ms, or one with --groups and "
+                       "nothing else)")
+    lockstep = with_lockstep[0] if with_lockstep else None
     return {"kind": "gravac.scaling.calibration", "hosts": first["hosts"],
             "slots": first["slots"], "n": first["n"], "link": first.get("link"),
             "backend": first.get("backend"), "horovod_cycle_time_ms":
-                first.get("horovod_cycle_time_ms"), "links": links, "by_ranks": by_ranks}
+                first.get("horovod_cycle_time_ms"), "links": links, "by_ranks": by_ranks,
+            **({"lockstep": fit_lockstep(lockstep)} if lockstep else {})}
 
 
 # -- validate ---------------------------------------------------------------------------------
@@ -1149,8 +1293,15 @@ def median_compute(steps: list[dict]) -> float | None:
 
 
 def check_run(run_dir: Path, net: Network, costs: CompressionCosts, layout: Layout | None,
-              compute: tuple[float, int] | None, cores: int, warmup: int) -> RunCheck:
-    """Predict a run's median step time and compare it with the measured one."""
+              compute: tuple[float, int] | None, cores: int, warmup: int,
+              sharing: CpuSharing | None = None,
+              compute_sharing: CpuSharing | None = None) -> RunCheck:
+    """Predict a run's median step time and compare it with the measured one.
+
+    With ``sharing`` (the layout's calibration has lockstep fits) the compute and local
+    work, as measured alone, are stretched by the measured factors; ``compute_sharing`` is
+    the reference run's layout's (default: ``sharing`` when it has as many ranks).
+    Without, by ``contention``'s ranks/cores."""
     cfg = load_run_config(run_dir)
     exchange = exchange_of(cfg)
     steps = read_steps(run_dir, warmup)
@@ -1162,7 +1313,10 @@ def check_run(run_dir: Path, net: Network, costs: CompressionCosts, layout: Layo
                        f"{layout.n} (--hosts/--slots or the --calibration's layout)")
     model = shapes_from_config(cfg)
     own = median_compute(steps)
-    if compute is None:
+    if sharing is not None:
+        t_compute, local_costs = _shared_cpu(run_dir, own, compute, n, costs, sharing,
+                                             compute_sharing)
+    elif compute is None:
         if own is None:
             raise CliError(f"run directory {run_dir}: its records have no t_compute (a plain "
                            f"Horovod/DDP run); give --compute SECONDS or a reference run")
@@ -1170,7 +1324,8 @@ def check_run(run_dir: Path, net: Network, costs: CompressionCosts, layout: Layo
     else:
         t_ref, ranks_ref = compute
         t_compute = t_ref * contention(n, cores) / contention(ranks_ref, cores)
-    local_costs = costs.scaled(contention(n, cores) / contention(costs.ranks, cores))
+    if sharing is None:
+        local_costs = costs.scaled(contention(n, cores) / contention(costs.ranks, cores))
     predicted, bytes_errs = [], []
     for rec in steps:
         case = case_of(rec, cfg, exchange)
@@ -1188,6 +1343,30 @@ def check_run(run_dir: Path, net: Network, costs: CompressionCosts, layout: Layo
                     statistics.median(s["t_iter"] for s in steps),
                     statistics.median(p.total for p in predicted), medians, parts,
                     max(bytes_errs) if bytes_errs else None)
+
+
+def _shared_cpu(run_dir: Path, own: float | None, compute: tuple[float, int] | None, n: int,
+                costs: CompressionCosts, sharing: CpuSharing,
+                compute_sharing: CpuSharing | None) -> tuple[float, CompressionCosts]:
+    """(predicted compute of a step's CPU phase, local costs) from the lockstep fits."""
+    if costs.ranks != 1:
+        raise CliError(f"--compression: its costs were measured by {costs.ranks} processes at "
+                       "once; the calibration's lockstep factors apply to costs measured "
+                       "alone (measure-compression without --procs)")
+    if compute is None:
+        if own is None:
+            raise CliError(f"run directory {run_dir}: its records have no t_compute (a plain "
+                           f"Horovod/DDP run); give --compute SECONDS or a reference run")
+        alone = sharing.compute_alone(own)
+    else:
+        t_ref, ranks_ref = compute
+        ref = compute_sharing or (sharing if ranks_ref == n else None)
+        if ref is None:
+            raise CliError(f"--compute: the reference ran with {ranks_ref} ranks, this layout "
+                           f"has {n}; give --compute-calibration (the calibration of the "
+                           "reference's layout)")
+        alone = ref.compute_alone(t_ref)
+    return sharing.step["gemm"] * alone, costs.scaled(sharing.step["stream"])
 
 
 def format_checks(checks: list[RunCheck], tolerance: float) -> str:
@@ -1438,11 +1617,14 @@ def cmd_measure_compression(args) -> int:
 
     torch.set_num_threads(args.threads)
     t0 = time.time()
-    doc = measure_compression(args.sizes, args.cfs, args.chunks, args.repeats, args.compressor,
-                              args.lowrank_shapes, args.lowrank_ranks, seed=args.seed)
+    doc = measure_compression_concurrent(
+        args.procs, args.threads, sizes=args.sizes, cfs=args.cfs, chunks=args.chunks,
+        repeats=args.repeats, compressor=args.compressor, lowrank_shapes=args.lowrank_shapes,
+        ranks=args.lowrank_ranks, seed=args.seed)
     doc["seconds"] = time.time() - t0
     f = doc["fits"]
-    lines = [f"local costs ({args.compressor}, {args.threads} thread(s), median of "
+    together = f", {args.procs} processes at once (the slowest each)" if args.procs > 1 else ""
+    lines = [f"local costs ({args.compressor}, {args.threads} thread(s){together}, median of "
              f"{args.repeats}, {doc['seconds']:.0f}s):"]
     for name, fit in f.items():
         terms = ", ".join(f"{t} {_duration(c)}" for t, c in zip(fit["terms"], fit["coef"]))
@@ -1471,6 +1653,10 @@ def cmd_calibrate(args) -> int:
                             f" {fit['gbit_per_s']:8.3g} Gbit/s  fit error max "
                             f"{fit['max_rel_err'] * 100:.0f}% rms {fit['rms_rel_err'] * 100:.0f}% "
                             f"({fit['points']} points)")
+    for kind, fit in cal.get("lockstep", {}).items():
+        rows.append(f"  lockstep {kind:6}: a step's CPU phase x{fit['step_factor']:.2f} the work "
+                    f"alone (a rank's own work x{fit['own_factor']:.2f}), sync "
+                    f"{fit['sync_s'] * 1e3:.1f} ms ({fit['points']} points)")
     print("\n".join(rows), file=sys.stderr)
     _write(args.out, json.dumps(cal, indent=1) + "\n")
     return 0
@@ -1512,10 +1698,25 @@ def cmd_validate(args) -> int:
     slots = args.slots or cal.get("slots")
     layout = Layout(int(hosts), int(slots)) if hosts and slots else None
     compute = _compute_spec(args.compute, args.compute_ranks, args.warmup)
-    checks = [check_run(Path(r), net, costs, layout, compute, args.cores, args.warmup)
+    sharing = None if args.assume_contention else CpuSharing.from_calibration(cal)
+    compute_sharing = None
+    if args.compute_calibration is not None and sharing is not None:
+        ref_cal = _read_json(args.compute_calibration, "--compute-calibration",
+                             "gravac.scaling.calibration")
+        compute_sharing = CpuSharing.from_calibration(ref_cal)
+        if compute_sharing is None:
+            raise CliError(f"--compute-calibration {args.compute_calibration}: no lockstep "
+                           "fits (measure the collectives again with --lockstep-ms)")
+    checks = [check_run(Path(r), net, costs, layout, compute, args.cores, args.warmup,
+                        sharing, compute_sharing)
               for r in args.runs]
-    text = (f"Layout {layout} ({layout.n} ranks on {args.cores} cores: contention x"
-            f"{contention(layout.n, args.cores):g}), calibration {args.calibration}, "
+    if sharing is None:
+        cpu = f"contention x{contention(layout.n, args.cores):g} assumed"
+    else:
+        cpu = ("CPU phase measured (lockstep): compute x" + f"{sharing.step['gemm']:.2f}, "
+               f"local work x{sharing.step['stream']:.2f} their time alone")
+    text = (f"Layout {layout} ({layout.n} ranks on {args.cores} cores: {cpu}), "
+            f"calibration {args.calibration}, "
             f"compression costs {args.compression or 'none'}, compute "
             f"{'each run its own' if compute is None else _compute_text(compute)}"
             f"; medians of the steps after {args.warmup}.\n\n"
@@ -1645,6 +1846,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="PowerSGD matrices ROWSxCOLS")
     p.add_argument("--lowrank-ranks", type=_positive(int), nargs="+", default=[1, 2, 4])
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--procs", type=_positive(int), default=1,
+                   help="processes measuring at once, each sample started together: the "
+                        "costs under the contention of that many ranks on this machine "
+                        "(validate then scales them by no factor at that many ranks)")
 
     sub.add_parser("measure-collectives", add_help=False,
                    help="(under a launcher) time gravac's collectives: benchmarks/collectives.py")
@@ -1664,6 +1869,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="compute per step: SECONDS at --compute-ranks ranks, or a reference "
                         "run directory (its t_compute + t_update); default: each run's own")
     p.add_argument("--compute-ranks", type=_positive(int), default=None)
+    p.add_argument("--compute-calibration", type=Path, default=None,
+                   help="the calibration of the --compute reference's layout (its lockstep "
+                        "fits turn the reference's compute into compute alone)")
+    p.add_argument("--assume-contention", action="store_true",
+                   help="ignore the calibration's lockstep fits; stretch CPU work by "
+                        "max(1, ranks / cores)")
     p.add_argument("--cores", type=_positive(int), default=os.cpu_count() or 1,
                    help="cores the sandbox's ranks share (default: this machine's)")
     p.add_argument("--warmup", type=int, default=10, help="steps left out at the start")

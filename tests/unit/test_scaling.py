@@ -270,6 +270,72 @@ def test_calibration_prefers_the_fit_of_the_group_size():
         assert t == pytest.approx(5e-3, rel=0.01)
 
 
+def _lockstep_doc(step_factor, own_factor, sync):
+    """collectives.py's merged lockstep rows for known factors."""
+    return {kind: {"unit_s": [1e-3], "rows": [
+        {"work_s": w, "step_s": sync + step_factor[kind] * w, "own_s": own_factor[kind] * w}
+        for w in (0.0, 0.05, 0.1, 0.2)]} for kind in ("gemm", "stream")}
+
+
+def test_calibrate_fits_the_lockstep_steps():
+    doc = _collectives_doc(2, 2, S.Link(50e-6, 8e-9), S.Link(5e-6, 4e-10))
+    doc["lockstep"] = _lockstep_doc({"gemm": 2.5, "stream": 3.25}, {"gemm": 1.75, "stream": 2.0},
+                                    0.004)
+    cal = S.calibrate([doc])
+    assert cal["lockstep"]["gemm"]["step_factor"] == pytest.approx(2.5, rel=1e-9)
+    assert cal["lockstep"]["gemm"]["sync_s"] == pytest.approx(0.004, rel=1e-9)
+    assert cal["lockstep"]["stream"]["own_factor"] == pytest.approx(2.0, rel=1e-9)
+    sharing = S.CpuSharing.from_calibration(cal)
+    assert sharing.step == pytest.approx({"gemm": 2.5, "stream": 3.25})
+    # compute recorded 0.35 s in this layout = 0.2 s alone; a step's CPU phase for it and
+    # 0.02 s of local work alone: 2.5 * 0.2 + 3.25 * 0.02
+    assert sharing.compute_alone(0.35) == pytest.approx(0.2)
+    assert sharing.step_time(0.2, 0.02) == pytest.approx(0.565)
+    # the lockstep in a file of its own (collectives.py --groups with no group) joins the
+    # links' measurement; two sets of lockstep rows are refused
+    links_only = _collectives_doc(2, 2, S.Link(50e-6, 8e-9), S.Link(5e-6, 4e-10))
+    lockstep_only = {**links_only, "groups": {}, "lockstep": doc["lockstep"]}
+    both = S.calibrate([links_only, lockstep_only])
+    assert both["lockstep"] == cal["lockstep"] and both["links"] == cal["links"]
+    with pytest.raises(S.CliError, match="2 inputs have lockstep rows"):
+        S.calibrate([doc, lockstep_only])
+    # a calibration without lockstep rows (older measurements): contention is assumed
+    assert S.CpuSharing.from_calibration(S.calibrate([_collectives_doc(
+        2, 2, S.Link(50e-6, 8e-9), S.Link(5e-6, 4e-10))])) is None
+
+
+def test_validate_stretches_cpu_work_by_the_lockstep_factors(tmp_path):
+    from gravac.train.config import load_config
+
+    (tmp_path / "c.yaml").write_text(CONFIG)
+    model = S.shapes_from_config(load_config([tmp_path / "c.yaml"]))
+    cal = {"kind": "gravac.scaling.calibration", "hosts": 1, "slots": 2, "n": 2,
+           "links": {"local": {"allreduce": {"alpha_s": 1e-4, "beta_s_per_byte": 1e-9},
+                               "allgather": {"alpha_s": 2e-4, "beta_s_per_byte": 1e-9}}},
+           "lockstep": {"gemm": {"step_factor": 3.0, "own_factor": 2.0, "sync_s": 0.0},
+                        "stream": {"step_factor": 4.0, "own_factor": 2.0, "sync_s": 0.0}}}
+    net = S.Network.from_calibration(cal)
+    costs = S.CompressionCosts(pipeline=(1e-6, 1e-9, 1e-8, 1e-8, 1e-6), check=(1e-7, 1e-10))
+    case = S.StepCase("allgather", theta=10)
+    # the run records compute 0.011 s (2x alone); its step's CPU phase is 3x compute alone
+    # and 4x the local work alone
+    expect = S.step_time(case, model, S.Layout(1, 2), net, costs.scaled(4.0), 0.0165).total
+    run = _write_run(tmp_path / "run", expect)
+    sharing = S.CpuSharing.from_calibration(cal)
+    check = S.check_run(run, net, costs, S.Layout(1, 2), None, 2, 2, sharing)
+    assert check.error == pytest.approx(0.0, abs=1e-12)
+    assert check.parts.compute == pytest.approx(0.0165)
+    # a reference measured with other ranks needs its own layout's factors
+    with pytest.raises(S.CliError, match="--compute-calibration"):
+        S.check_run(run, net, costs, S.Layout(1, 2), (0.011, 4), 2, 2, sharing)
+    ref = S.CpuSharing({"gemm": 1.0, "stream": 1.0}, {"gemm": 1.1, "stream": 1.0})
+    check = S.check_run(run, net, costs, S.Layout(1, 2), (0.011, 4), 2, 2, sharing, ref)
+    assert check.parts.compute == pytest.approx(3.0 * 0.011 / 1.1)
+    # costs measured by several processes at once already hold contention: refused
+    with pytest.raises(S.CliError, match="without --procs"):
+        S.check_run(run, net, S.replace(costs, ranks=4), S.Layout(1, 2), None, 2, 2, sharing)
+
+
 # -- crossovers and the properties docs/SCALING.md relies on --------------------------------------
 ONE_BIG = S.ModelShapes.from_params([("w", (1000, 1000))], name="one")
 
@@ -404,6 +470,30 @@ def test_cli_measure_compression(tmp_path):
     assert len(costs.pipeline) == 5 and len(costs.powersgd) == 4
     assert all(c >= 0 for c in costs.pipeline)
     assert len(doc["samples"]["pipeline"]) == 2 * 2 * 2
+
+
+def test_cli_measure_compression_concurrent(tmp_path):
+    """--procs 2: two processes time every sample together; the document keeps, sample by
+    sample, the slower process's time and says it was measured at 2 ranks."""
+    out = tmp_path / "c2.json"
+    proc = run_cli("measure-compression", "--procs", 2, "--sizes", 1024, 4096, "--cfs", 10,
+                   "--chunks", 1, 2, "--repeats", 1, "--lowrank-shapes", "16x32",
+                   "--lowrank-ranks", 1, "--out", out)
+    assert proc.returncode == 0, proc.stderr
+    assert "2 processes at once" in proc.stderr
+    doc = json.loads(out.read_text())
+    assert doc["ranks"] == 2 and len(doc["per_process_fits"]) == 2
+    assert S.CompressionCosts.from_json(doc).ranks == 2
+    assert [row[:-1] for row in doc["samples"]["pipeline"]] == \
+        [[1024, 103, 1], [1024, 103, 2], [4096, 410, 1], [4096, 410, 2]]
+    assert all(row[-1] > 0 for rows in doc["samples"].values() for row in rows)
+
+
+def test_concurrent_measurement_keeps_the_slowest():
+    docs = [{"samples": {"norm": [[10, 1.0], [20, 4.0]], "select": [[10, 1, 0.5]]}},
+            {"samples": {"norm": [[10, 3.0], [20, 2.0]], "select": [[10, 1, 0.25]]}}]
+    assert S.slowest_samples(docs) == {"norm": [[10, 3.0], [20, 4.0]],
+                                       "select": [[10, 1, 0.5]]}
 
 
 CONFIG = ("run: {name: x, output_dir: /tmp, steps: 20}\nmodel: {name: small_cnn}\n"
