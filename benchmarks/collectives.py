@@ -18,8 +18,9 @@ Collectives: ``comm.allreduce`` (average, fp32), ``comm.grouped_allreduce_async_
 fp32 tensors of half the size each: the dense exchange's fused call),
 ``comm.allgather_bytes(same_size=True)`` (uint8; the size is the gathered total, each rank
 contributes 1/ranks of it), ``comm.broadcast_`` (fp32, root 0) and ``comm.allreduce`` of
-fp16 (``allreduce_fp16``: Horovod's fp16 compression, summed in half precision on the CPU). Sizes go from
-``--min-bytes`` (8) to ``--max-bytes`` (32M) by factors of ``--factor`` (4).
+fp16 (``allreduce_fp16``: Horovod's fp16 compression, summed in half precision on the
+CPU). Sizes go from ``--min-bytes`` (8) to ``--max-bytes`` (32M) by factors of
+``--factor`` (4).
 
 Examples (run from the repository root; the sandboxes need root)::
 
@@ -292,10 +293,11 @@ def main(argv=None) -> int:
     parser.add_argument("--ops", nargs="+", default=list(OPS), choices=OPS)
     parser.add_argument("--groups", nargs="*", default=list(GROUPS), choices=GROUPS,
                         help="groups whose collectives are timed; none: the lockstep only")
-    parser.add_argument("--lockstep-ms", type=float, nargs="*", default=[0, 50, 100, 200],
+    parser.add_argument("--lockstep-ms", type=float, nargs="*",
+                        default=[0, 50, 100, 150, 200],
                         help="CPU work per step (ms, as timed alone) of the lockstep "
                              "measurement; none to skip it")
-    parser.add_argument("--lockstep-repeats", type=int, default=8)
+    parser.add_argument("--lockstep-repeats", type=int, default=16)
     parser.add_argument("--backend", default="auto", choices=("auto", "horovod", "torch", "local"))
     parser.add_argument("--threads", type=int, default=None,
                         help="torch threads per rank (default: cores / ranks on the host, "
