@@ -671,7 +671,7 @@ def fit_lockstep(lockstep: dict) -> dict:
     step = sync_s + step_factor · work alone; own = own_factor · work alone."""
     out = {}
     for kind, data in lockstep.items():
-        rows = [r for r in data["rows"]]
+        rows = data["rows"]
         step = least_squares([[1.0, r["work_s"]] for r in rows], [r["step_s"] for r in rows])
         busy = [r for r in rows if r["work_s"] > 0]
         own = least_squares([[r["work_s"]] for r in busy], [r["own_s"] for r in busy]) \
