@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import socket
 from typing import Mapping
 
 from .base import OPS, Comm, Done, Handle
@@ -44,13 +45,15 @@ def detect_backend(environ: Mapping[str, str] | None = None) -> str:
 
 
 def init(backend: str = "auto", horovod_cycle_time_ms="auto",
-         horovod_wait: str = "sleep") -> Comm:
+         horovod_wait: str = "auto") -> Comm:
     """Start ``backend`` (see the module docstring) and return the world's ``Comm``.
 
     ``horovod_cycle_time_ms``: Horovod's background cycle (``horovod_cycle.py``): "auto"
     lengthens it on hosts with fewer than two cores per rank, a number sets it, "horovod"
     leaves it alone. ``horovod_wait``: "sleep" polls a collective's handle and sleeps
-    between polls, "spin" waits in Horovod's own yield loop (``horovod.wait_sleeping``)."""
+    between polls, "spin" waits in Horovod's own yield loop (``horovod.wait_sleeping``),
+    "auto" sleeps where more ranks share a machine than it has cores (one collective, the
+    ranks' host names, to find out; ``horovod.resolve_wait_mode``)."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     if backend == "auto":
@@ -60,12 +63,17 @@ def init(backend: str = "auto", horovod_cycle_time_ms="auto",
     if backend == "horovod":
         import horovod.torch as hvd
 
-        from .horovod import HorovodComm, set_wait_mode
+        from .horovod import HorovodComm, resolve_wait_mode, set_wait_mode
         from .horovod_cycle import apply_cycle_time
-        set_wait_mode(horovod_wait)
+        if horovod_wait not in ("auto", "sleep", "spin"):
+            raise ValueError(f"horovod_wait must be auto, sleep or spin, got {horovod_wait!r}")
         apply_cycle_time(horovod_cycle_time_ms)   # read by hvd.init()
         hvd.init()
-        return HorovodComm()
+        comm = HorovodComm()
+        hosts = comm.allgather_object(socket.gethostname(), name="gravac.wait.hosts") \
+            if horovod_wait == "auto" else [""] * comm.size
+        set_wait_mode(*resolve_wait_mode(horovod_wait, hosts, comm.rank, os.cpu_count() or 1))
+        return comm
     import torch
     import torch.distributed as dist
 

@@ -55,18 +55,46 @@ def wait_sleeping(handle, poll=None, sleep=time.sleep) -> int:
 
 
 #: How gravac waits for its Horovod collectives (``run.horovod_wait``): "sleep"
-#: (``wait_sleeping``) or "spin" (``hvd.synchronize`` alone, Horovod's own yield loop).
+#: (``wait_sleeping``) or "spin" (``hvd.synchronize`` alone, Horovod's own yield loop);
+#: "auto" picks one of them (``resolve_wait_mode``).
 WAIT_MODES = ("sleep", "spin")
-_wait_mode = "sleep"
+_wait = {"mode": "sleep", "why": "default"}
 
 
-def set_wait_mode(mode: str) -> None:
+def resolve_wait_mode(setting: str, hostnames: Sequence[str], rank: int,
+                      cpu_count: int) -> tuple[str, str]:
+    """(mode, reason) for ``run.horovod_wait``. "auto": "sleep" where more ranks share this
+    machine than it has cores (a spinning waiter then takes a core another rank needs:
+    1.4-2.4x slower steps with 4 ranks on 2 cores, docs/BENCHMARKS.md §6), else "spin"
+    (Horovod's own wait; with a core per rank it measured a few percent faster). Ranks
+    on one machine are those reporting its host name (``socket.gethostname()``), which
+    network namespaces share: the sandbox's "hosts" on one machine count together.
+
+    >>> resolve_wait_mode("auto", ["a", "a", "a", "a"], 0, 2)
+    ('sleep', 'auto: 4 ranks on 2 cores')
+    >>> resolve_wait_mode("auto", ["a", "a", "b", "b"], 3, 2)
+    ('spin', 'auto: 2 ranks on 2 cores')
+    """
+    if setting in WAIT_MODES:
+        return setting, "run.horovod_wait"
+    if setting != "auto":
+        raise ValueError(f"horovod_wait must be auto, sleep or spin, got {setting!r}")
+    here = sum(1 for h in hostnames if h == hostnames[rank])
+    mode = "sleep" if here > cpu_count else "spin"
+    return mode, f"auto: {here} ranks on {cpu_count} cores"
+
+
+def set_wait_mode(mode: str, why: str = "set") -> None:
     """Choose how every ``HorovodComm`` handle waits from now on (``gravac.comm.init``
-    calls it with ``run.horovod_wait``)."""
-    global _wait_mode
+    calls it with what ``resolve_wait_mode`` chose)."""
     if mode not in WAIT_MODES:
         raise ValueError(f"horovod_wait must be one of {', '.join(WAIT_MODES)}, got {mode!r}")
-    _wait_mode = mode
+    _wait.update(mode=mode, why=why)
+
+
+def wait_mode() -> tuple[str, str]:
+    """(the mode handles wait in now, why)."""
+    return _wait["mode"], _wait["why"]
 
 
 class _HorovodHandle(Handle):
@@ -74,7 +102,7 @@ class _HorovodHandle(Handle):
         self._handle, self._finish = handle, finish
 
     def wait(self):
-        if _wait_mode == "sleep":
+        if _wait["mode"] == "sleep":
             wait_sleeping(self._handle)
         out = hvd.synchronize(self._handle)
         return self._finish(out) if self._finish is not None else out

@@ -76,8 +76,9 @@ class RunConfig:
     # How a rank waits for its Horovod collectives (gravac/comm/horovod.py): "sleep" polls
     # and sleeps (a waiting rank leaves its core to the others: with more ranks than cores
     # Horovod's own yield loop took a core per waiting rank, docs/BENCHMARKS.md §6),
-    # "spin" waits in Horovod's loop.
-    horovod_wait: str = "sleep"
+    # "spin" waits in Horovod's loop, "auto" sleeps where a machine's ranks outnumber its
+    # cores and spins elsewhere.
+    horovod_wait: str = "auto"
     report: bool = True
     # Seconds without a finished training step before a rank gives up (a peer hangs); 0: off.
     stall_timeout: float = 60.0
@@ -408,8 +409,8 @@ def validate(cfg: Config) -> None:
     except ValueError:
         raise ConfigError(f"run.horovod_cycle_time_ms={r.horovod_cycle_time_ms!r}: "
                           f"{CYCLE_PROBLEM}") from None
-    _require(r.horovod_wait in ("sleep", "spin"), "run.horovod_wait", r.horovod_wait,
-             "must be 'sleep' or 'spin'")
+    _require(r.horovod_wait in ("auto", "sleep", "spin"), "run.horovod_wait", r.horovod_wait,
+             "must be 'auto', 'sleep' or 'spin'")
     _require(r.stall_timeout >= 0, "run.stall_timeout", r.stall_timeout,
              "must be >= 0 seconds (0 turns the stall watchdog off)")
     _require(r.stop_check_interval >= 1, "run.stop_check_interval", r.stop_check_interval,

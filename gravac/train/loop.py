@@ -256,8 +256,10 @@ class Trainer:
                          f"{cfg.compression.horovod_compression})")
         line = f"transport {self.comm.backend}: {self.world} rank(s)"
         if self.comm.backend == "horovod":
-            line += (f"; Horovod cycle {os.environ.get('HOROVOD_CYCLE_TIME', '1')} ms, waits "
-                     f"{self.cfg.run.horovod_wait}")
+            from ..comm.horovod import wait_mode
+            mode, why = wait_mode()
+            line += (f"; Horovod cycle {os.environ.get('HOROVOD_CYCLE_TIME', '1')} ms; waits "
+                     f"{mode} ({why})")
         lines.append(line)
         return "\n".join(lines)
 
