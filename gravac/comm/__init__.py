@@ -45,7 +45,7 @@ def detect_backend(environ: Mapping[str, str] | None = None) -> str:
 
 
 def init(backend: str = "auto", horovod_cycle_time_ms="auto",
-         horovod_wait: str = "auto") -> Comm:
+         horovod_wait: str = "auto", elastic: bool = False) -> Comm:
     """Start ``backend`` (see the module docstring) and return the world's ``Comm``.
 
     ``horovod_cycle_time_ms``: Horovod's background cycle (``horovod_cycle.py``): "auto"
@@ -53,7 +53,9 @@ def init(backend: str = "auto", horovod_cycle_time_ms="auto",
     leaves it alone. ``horovod_wait``: "sleep" polls a collective's handle and sleeps
     between polls, "spin" waits in Horovod's own yield loop (``horovod.wait_sleeping``),
     "auto" sleeps where more ranks share a machine than it has cores (one collective, the
-    ranks' host names, to find out; ``horovod.resolve_wait_mode``)."""
+    ranks' host names, to find out; ``horovod.resolve_wait_mode``). ``elastic``: workers
+    join a Horovod Elastic job at any time, so no collective may run here: "auto" counts
+    the ranks Horovod places on this host instead."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     if backend == "auto":
@@ -70,9 +72,14 @@ def init(backend: str = "auto", horovod_cycle_time_ms="auto",
         apply_cycle_time(horovod_cycle_time_ms)   # read by hvd.init()
         hvd.init()
         comm = HorovodComm()
-        hosts = comm.allgather_object(socket.gethostname(), name="gravac.wait.hosts") \
-            if horovod_wait == "auto" else [""] * comm.size
-        set_wait_mode(*resolve_wait_mode(horovod_wait, hosts, comm.rank, os.cpu_count() or 1))
+        if horovod_wait != "auto":
+            hosts, rank = [""], 0
+        elif elastic:
+            hosts, rank = [""] * hvd.local_size(), 0
+        else:
+            hosts = comm.allgather_object(socket.gethostname(), name="gravac.wait.hosts")
+            rank = comm.rank
+        set_wait_mode(*resolve_wait_mode(horovod_wait, hosts, rank, os.cpu_count() or 1))
         return comm
     import torch
     import torch.distributed as dist

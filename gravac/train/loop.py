@@ -545,7 +545,8 @@ def train(cfg: Config, resume: bool = False, dry_run: bool = False) -> dict:
         # Its host groups are Horovod process sets made at run time; Horovod reads this
         # at hvd.init().
         os.environ.setdefault("HOROVOD_DYNAMIC_PROCESS_SETS", "1")
-    comm = init_comm(cfg.run.backend, cfg.run.horovod_cycle_time_ms, cfg.run.horovod_wait)
+    comm = init_comm(cfg.run.backend, cfg.run.horovod_cycle_time_ms, cfg.run.horovod_wait,
+                     elastic=cfg.run.elastic)
     trainer = Trainer(cfg, comm, elastic=cfg.run.elastic)
     if dry_run:
         if trainer.rank == 0:
