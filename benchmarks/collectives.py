@@ -43,7 +43,8 @@ the cores are shared, the ranks finish at different moments and the collective w
 the last, background threads (Horovod's cycle, Gloo, the sandbox's network) take their
 share. ``scaling.py calibrate`` fits step = sync + factor·W per kind of work, and
 ``validate`` stretches compute and local work by these factors instead of assuming
-ranks/cores.
+ranks/cores. A third kind, "stream_solo", has one rank per step do the work while the
+others wait: how fast the shared_index exchange's leader selects for everyone.
 
 Horovod's background cycle is chosen as the trainer chooses it (``gravac.comm.init``:
 5 ms where a host's ranks crowd its cores), so the latencies measured are the ones a
@@ -189,14 +190,22 @@ def merge(per_rank: list[dict], repeats: int) -> dict:
 
 # -- lockstep: CPU work between collectives, as a training step does ----------------------------
 #: Work kinds: "gemm" is compute-bound like forward/backward, "stream" memory-bound like the
-#: selection, error feedback and unpacking of gravac's local work.
-WORK_KINDS = ("gemm", "stream")
+#: selection, error feedback and unpacking of gravac's local work. "stream_solo" is the
+#: stream work done by ONE rank per step (rank step mod N) while the others wait in the
+#: collective: the shared_index exchange's leader selecting for everyone.
+WORK_KINDS = ("gemm", "stream", "stream_solo")
+
+
+def _works(kind: str, rank: int, size: int, step: int) -> bool:
+    """Whether ``rank`` does the step's work (every rank, but one per step for a solo kind)."""
+    return not kind.endswith("_solo") or step % size == rank
 
 
 def _work_unit(kind: str):
     """One unit of CPU work of ``kind`` (about a millisecond alone on this machine)."""
     import torch
 
+    kind = kind.removesuffix("_solo")
     if kind == "gemm":
         a, b = torch.rand(160, 160), torch.rand(160, 160)
         out = torch.empty(160, 160)
@@ -225,7 +234,8 @@ def _unit_seconds(unit, seconds: float = 0.3) -> float:
 def measure_lockstep(comm, works_ms, repeats: int, kinds=WORK_KINDS) -> dict:
     """Steps of W ms of CPU work (W as timed alone) followed by a 4-byte allreduce, every
     rank at once: what one step's CPU phase costs in this layout. Returns, per kind and W,
-    this rank's seconds per step and of its own work inside the step.
+    this rank's seconds per step and of its own work inside the step (None for the steps
+    of a solo kind where another rank worked).
 
     Each rank first times one unit of work while the others wait in a barrier (alone on
     the machine but for idle ranks), so W means the same work on every rank. With more
@@ -250,29 +260,39 @@ def measure_lockstep(comm, works_ms, repeats: int, kinds=WORK_KINDS) -> dict:
             comm.allreduce(flag, op="sum", name=f"scal.lockstep.{kind}.{w_ms}.warm")
             steps, own = [], []
             for i in range(repeats):
+                works = _works(kind, comm.rank, comm.size, i)
                 t0 = time.perf_counter()
-                for _ in range(units):
+                for _ in range(units if works else 0):
                     unit()
                 t1 = time.perf_counter()
                 comm.allreduce(flag, op="sum", name=f"scal.lockstep.{kind}.{w_ms}.{i}")
                 steps.append(time.perf_counter() - t0)
-                own.append(t1 - t0)
+                own.append(t1 - t0 if works else None)
             rows.append({"work_s": units * alone, "steps_s": steps, "own_s": own})
         out[kind] = {"unit_s": alone, "rows": rows}
     return out
 
 
+def _wait_mode(backend: str) -> str | None:
+    """How this process's Horovod collectives waited ("sleep" / "spin"); None off Horovod."""
+    if backend != "horovod":
+        return None
+    from gravac.comm.horovod import wait_mode
+    return wait_mode()[0]
+
+
 def merge_lockstep(per_rank: list[dict]) -> dict:
     """Per kind and W: the median over steps of the slowest rank's step (all ranks leave a
     step's allreduce together, so their step times differ by the release only) and the
-    median over steps and ranks of the rank's own work."""
+    median over steps and ranks of the rank's own work (the working rank's, for a solo
+    kind)."""
     merged = {}
     for kind in per_rank[0]:
         rows = []
         for i, row in enumerate(per_rank[0][kind]["rows"]):
             ranks = [r[kind]["rows"][i] for r in per_rank]
             steps = [max(vals) for vals in zip(*(r["steps_s"] for r in ranks))]
-            own = [v for r in ranks for v in r["own_s"]]
+            own = [v for r in ranks for v in r["own_s"] if v is not None]
             rows.append({"work_s": statistics.median(r["work_s"] for r in ranks),
                          "step_s": statistics.median(steps),
                          "own_s": statistics.median(own)})
@@ -299,6 +319,10 @@ def main(argv=None) -> int:
                              "measurement; none to skip it")
     parser.add_argument("--lockstep-repeats", type=int, default=16)
     parser.add_argument("--backend", default="auto", choices=("auto", "horovod", "torch", "local"))
+    parser.add_argument("--horovod-wait", default="auto", choices=("auto", "sleep", "spin"),
+                        help="how the ranks wait for a Horovod collective (run.horovod_wait): "
+                             "spin is plain Horovod's own loop, what hvd.DistributedOptimizer "
+                             "does; auto as the trainer chooses")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch threads per rank (default: cores / ranks on the host, "
                              "as train.py)")
@@ -321,7 +345,7 @@ def main(argv=None) -> int:
 
     import gravac.comm
 
-    comm = gravac.comm.init(args.backend)
+    comm = gravac.comm.init(args.backend, horovod_wait=args.horovod_wait)
     torch.set_num_threads(args.threads or max(1, (os.cpu_count() or 1) // max(1, comm.local_size)))
     nodes = comm.allgather_object(comm.node, name="scal.nodes")
     hosts = host_layout(nodes)
@@ -373,6 +397,7 @@ def main(argv=None) -> int:
             "kind": KIND, "backend": comm.backend, "n": comm.size, "hosts": n_hosts,
             "slots": n_slots, "link": args.link, "label": args.label,
             "horovod_cycle_time_ms": os.environ.get("HOROVOD_CYCLE_TIME"),
+            "horovod_wait": _wait_mode(comm.backend),
             "threads": torch.get_num_threads(), "cores": os.cpu_count(),
             "machine": platform.node(), "torch": torch.__version__, "repeats": args.repeats,
             "seconds": time.time() - started, "command": " ".join(sys.argv),

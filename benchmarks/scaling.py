@@ -638,7 +638,9 @@ class CpuSharing:
     compression work): ``step[kind]`` seconds of a lockstep step per second of that work
     done alone (the cores shared, the skew a collective waits for, background threads),
     ``own[kind]`` seconds of a rank's own work per second alone (what its t_compute
-    records; the rest of ``step`` is waited in the next collective).
+    records; the rest of ``step`` is waited in the next collective). "stream_solo", where
+    measured, is stream work done by one rank while the others wait (shared_index's
+    leader selecting).
 
     Example::
 
@@ -665,6 +667,12 @@ class CpuSharing:
         """A rank's recorded t_compute + t_update in this layout -> seconds alone."""
         return recorded / self.own["gemm"]
 
+    @property
+    def solo(self) -> float | None:
+        """Seconds of a step per second alone of work one rank does while the others wait
+        (None where the calibration has no "stream_solo" rows: measured before them)."""
+        return self.step.get("stream_solo")
+
 
 def fit_lockstep(lockstep: dict) -> dict:
     """``calibrate``'s fit of collectives.py's lockstep rows, per kind of work:
@@ -682,9 +690,12 @@ def fit_lockstep(lockstep: dict) -> dict:
 
 
 def local_time(case: StepCase, model: ModelShapes, layout: Layout,
-               costs: CompressionCosts) -> float:
+               costs: CompressionCosts, solo: CompressionCosts | None = None) -> float:
     """Seconds of local work on the rank the step waits for (shared_index's leader, which
-    selects for the others; a hierarchical rank works on its shard)."""
+    selects for the others; a hierarchical rank works on its shard).
+
+    ``solo``: the costs of work one rank does while the others wait (the shared_index
+    leader's selection, both levels); None prices it like the rest (``costs``)."""
     ex = case.exchange
     if ex == "dense":
         return 0.0
@@ -708,10 +719,8 @@ def local_time(case: StepCase, model: ModelShapes, layout: Layout,
     share = 1.0 / layout.slots if ex == "hierarchical" else 1.0
     c0, a, b, u, v = costs.pipeline
     k_min = model.kept_total(case.level_min)
-    t = c0 * model.layers_comp + a * model.n_comp + b * k_min
-    if case.theta_c:
-        s0, sa, sb = costs.select
-        t += s0 * model.layers_comp + sa * k_min + sb * model.kept_total(case.theta_c)
+    t = c0 * model.layers_comp + a * model.n_comp + b * k_min + \
+        _selections(case, model, costs)[1]
     if case.gains:
         t += costs.norm * model.n_comp
     if case.sent == "sparse":
@@ -719,11 +728,27 @@ def local_time(case: StepCase, model: ModelShapes, layout: Layout,
         t += u * chunks * model.kept_total(case.theta) + v * chunks
     else:
         t += costs.copy * model.n_comp
+    if ex == "shared_index" and solo is not None and not case.shared_selection:
+        # The leader selects while the others wait for its indices (their own work, error
+        # feedback, gathering and unpacking, runs beside theirs): priced at solo speed.
+        t += sum(_selections(case, model, solo)) - sum(_selections(case, model, costs))
     t = check + share * t
     if ex == "hierarchical" and layout.slots > 1:
         # the host share: every rank copies the other shards' gradients in
         t += costs.copy * model.n_total * (1 - share)
     return t
+
+
+def _selections(case: StepCase, model: ModelShapes,
+                costs: CompressionCosts) -> tuple[float, float]:
+    """Seconds of the two levels' selections over the compressed layers by ``select``'s
+    fit: (θmin's over all n entries, the candidate's over the k kept; 0 without one)."""
+    s0, sa, sb = costs.select
+    k_min = model.kept_total(case.level_min)
+    first = s0 * model.layers_comp + sa * model.n_comp + sb * k_min
+    second = s0 * model.layers_comp + sa * k_min + sb * model.kept_total(case.theta_c) \
+        if case.theta_c else 0.0
+    return first, second
 
 
 @dataclass(frozen=True)
@@ -738,9 +763,10 @@ class StepTime:
 
 
 def step_time(case: StepCase, model: ModelShapes, layout: Layout, net: Network,
-              costs: CompressionCosts, t_compute: float) -> StepTime:
+              costs: CompressionCosts, t_compute: float,
+              solo: CompressionCosts | None = None) -> StepTime:
     """t_step = t_compute + t_local + t_comm (no overlap)."""
-    return StepTime(t_compute, local_time(case, model, layout, costs),
+    return StepTime(t_compute, local_time(case, model, layout, costs, solo),
                     comm_time(case, model, layout, net))
 
 
@@ -1285,6 +1311,17 @@ def read_steps(run_dir: Path, warmup: int) -> list[dict]:
     return steps
 
 
+def run_backend(run_dir: Path, cfg) -> str:
+    """The transport a run used: its run_start record's (``run.backend: auto`` resolved),
+    else the config's."""
+    with open(run_dir / "metrics.jsonl") as f:
+        for line in f:
+            rec = json.loads(line) if line.strip() else {}
+            if rec.get("kind") == "run_start":
+                return rec.get("backend") or cfg.run.backend
+    return cfg.run.backend
+
+
 def median_compute(steps: list[dict]) -> float | None:
     """Median of t_compute + t_update (forward, backward, data, optimizer update)."""
     vals = [s["t_compute"] + (s.get("t_update") or 0.0) for s in steps
@@ -1295,8 +1332,12 @@ def median_compute(steps: list[dict]) -> float | None:
 def check_run(run_dir: Path, net: Network, costs: CompressionCosts, layout: Layout | None,
               compute: tuple[float, int] | None, cores: int, warmup: int,
               sharing: CpuSharing | None = None,
-              compute_sharing: CpuSharing | None = None) -> RunCheck:
+              compute_sharing: CpuSharing | None = None,
+              plain_net: Network | None = None) -> RunCheck:
     """Predict a run's median step time and compare it with the measured one.
+
+    ``plain_net``: links measured with Horovod's own (spinning) wait, for plain Horovod
+    runs (dense, fp16), whose waits are Horovod's and not gravac's.
 
     With ``sharing`` (the layout's calibration has lockstep fits) the compute and local
     work, as measured alone, are stretched by the measured factors; ``compute_sharing`` is
@@ -1304,6 +1345,9 @@ def check_run(run_dir: Path, net: Network, costs: CompressionCosts, layout: Layo
     Without, by ``contention``'s ranks/cores."""
     cfg = load_run_config(run_dir)
     exchange = exchange_of(cfg)
+    if plain_net is not None and exchange in ("dense", "fp16") and \
+            run_backend(run_dir, cfg) == "horovod":
+        net = plain_net
     steps = read_steps(run_dir, warmup)
     n = int(steps[0].get("world_size") or 0)
     if layout is None:
@@ -1313,9 +1357,10 @@ def check_run(run_dir: Path, net: Network, costs: CompressionCosts, layout: Layo
                        f"{layout.n} (--hosts/--slots or the --calibration's layout)")
     model = shapes_from_config(cfg)
     own = median_compute(steps)
+    solo_costs = None
     if sharing is not None:
-        t_compute, local_costs = _shared_cpu(run_dir, own, compute, n, costs, sharing,
-                                             compute_sharing)
+        t_compute, local_costs, solo_costs = _shared_cpu(run_dir, own, compute, n, costs,
+                                                         sharing, compute_sharing)
     elif compute is None:
         if own is None:
             raise CliError(f"run directory {run_dir}: its records have no t_compute (a plain "
@@ -1329,7 +1374,8 @@ def check_run(run_dir: Path, net: Network, costs: CompressionCosts, layout: Layo
     predicted, bytes_errs = [], []
     for rec in steps:
         case = case_of(rec, cfg, exchange)
-        predicted.append(step_time(case, model, layout, net, local_costs, t_compute))
+        predicted.append(step_time(case, model, layout, net, local_costs, t_compute,
+                                   solo_costs))
         expect = recorded_bytes(case, model, layout)
         if expect and rec.get("bytes_sent"):
             bytes_errs.append(abs(expect / rec["bytes_sent"] - 1.0))
@@ -1347,8 +1393,10 @@ def check_run(run_dir: Path, net: Network, costs: CompressionCosts, layout: Layo
 
 def _shared_cpu(run_dir: Path, own: float | None, compute: tuple[float, int] | None, n: int,
                 costs: CompressionCosts, sharing: CpuSharing,
-                compute_sharing: CpuSharing | None) -> tuple[float, CompressionCosts]:
-    """(predicted compute of a step's CPU phase, local costs) from the lockstep fits."""
+                compute_sharing: CpuSharing | None
+                ) -> tuple[float, CompressionCosts, CompressionCosts | None]:
+    """(predicted compute of a step's CPU phase, local costs, costs of work one rank does
+    while the others wait) from the lockstep fits."""
     if costs.ranks != 1:
         raise CliError(f"--compression: its costs were measured by {costs.ranks} processes at "
                        "once; the calibration's lockstep factors apply to costs measured "
@@ -1366,7 +1414,8 @@ def _shared_cpu(run_dir: Path, own: float | None, compute: tuple[float, int] | N
                            f"has {n}; give --compute-calibration (the calibration of the "
                            "reference's layout)")
         alone = ref.compute_alone(t_ref)
-    return sharing.step["gemm"] * alone, costs.scaled(sharing.step["stream"])
+    return (sharing.step["gemm"] * alone, costs.scaled(sharing.step["stream"]),
+            costs.scaled(sharing.solo) if sharing.solo is not None else None)
 
 
 def format_checks(checks: list[RunCheck], tolerance: float) -> str:
@@ -1707,14 +1756,25 @@ def cmd_validate(args) -> int:
         if compute_sharing is None:
             raise CliError(f"--compute-calibration {args.compute_calibration}: no lockstep "
                            "fits (measure the collectives again with --lockstep-ms)")
+    plain_net = None
+    if args.plain_calibration is not None:
+        plain = _read_json(args.plain_calibration, "--plain-calibration",
+                           "gravac.scaling.calibration")
+        if (plain.get("hosts"), plain.get("slots")) != (cal.get("hosts"), cal.get("slots")):
+            raise CliError(f"--plain-calibration {args.plain_calibration}: layout "
+                           f"{plain.get('hosts')}x{plain.get('slots')}, but --calibration is "
+                           f"{cal.get('hosts')}x{cal.get('slots')}; give one of the same layout")
+        plain_net = Network.from_calibration(plain)
     checks = [check_run(Path(r), net, costs, layout, compute, args.cores, args.warmup,
-                        sharing, compute_sharing)
+                        sharing, compute_sharing, plain_net)
               for r in args.runs]
     if sharing is None:
         cpu = f"contention x{contention(layout.n, args.cores):g} assumed"
     else:
         cpu = ("CPU phase measured (lockstep): compute x" + f"{sharing.step['gemm']:.2f}, "
-               f"local work x{sharing.step['stream']:.2f} their time alone")
+               f"local work x{sharing.step['stream']:.2f}"
+               + (f", shared_index's leader selecting x{sharing.solo:.2f}"
+                  if sharing.solo is not None else "") + " their time alone")
     text = (f"Layout {layout} ({layout.n} ranks on {args.cores} cores: {cpu}), "
             f"calibration {args.calibration}, "
             f"compression costs {args.compression or 'none'}, compute "
@@ -1875,6 +1935,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--assume-contention", action="store_true",
                    help="ignore the calibration's lockstep fits; stretch CPU work by "
                         "max(1, ranks / cores)")
+    p.add_argument("--plain-calibration", type=Path, default=None,
+                   help="links of the same layout measured with Horovod's own spinning wait "
+                        "(collectives.py --horovod-wait spin): the collectives of plain "
+                        "Horovod runs (dense, fp16: hvd.DistributedOptimizer) are priced "
+                        "by them")
     p.add_argument("--cores", type=_positive(int), default=os.cpu_count() or 1,
                    help="cores the sandbox's ranks share (default: this machine's)")
     p.add_argument("--warmup", type=int, default=10, help="steps left out at the start")

@@ -24,6 +24,10 @@ from .base import OPS, Comm, Done, Handle
 from .local import LocalComm
 
 BACKENDS = ("auto", "horovod", "torch", "local")
+#: How gravac waits for a Horovod collective (``horovod.py``): poll and "sleep", or "spin"
+#: in Horovod's own loop; ``run.horovod_wait`` also takes "auto" (``init``).
+WAIT_MODES = ("sleep", "spin")
+HOROVOD_WAITS = ("auto", *WAIT_MODES)
 
 
 def detect_backend(environ: Mapping[str, str] | None = None) -> str:
@@ -67,8 +71,9 @@ def init(backend: str = "auto", horovod_cycle_time_ms="auto",
 
         from .horovod import HorovodComm, resolve_wait_mode, set_wait_mode
         from .horovod_cycle import apply_cycle_time
-        if horovod_wait not in ("auto", "sleep", "spin"):
-            raise ValueError(f"horovod_wait must be auto, sleep or spin, got {horovod_wait!r}")
+        if horovod_wait not in HOROVOD_WAITS:
+            raise ValueError(f"horovod_wait must be one of {', '.join(HOROVOD_WAITS)}, "
+                             f"got {horovod_wait!r}")
         apply_cycle_time(horovod_cycle_time_ms)   # read by hvd.init()
         hvd.init()
         comm = HorovodComm()

@@ -17,6 +17,7 @@ from typing import Any, Sequence
 import horovod.torch as hvd
 import torch
 
+from . import HOROVOD_WAITS, WAIT_MODES
 from .base import Comm, Handle, _one_hot, check_op, check_ranks
 
 _OPS = {"sum": hvd.Sum, "average": hvd.Average}
@@ -54,10 +55,9 @@ def wait_sleeping(handle, poll=None, sleep=time.sleep) -> int:
     return sleeps
 
 
-#: How gravac waits for its Horovod collectives (``run.horovod_wait``): "sleep"
-#: (``wait_sleeping``) or "spin" (``hvd.synchronize`` alone, Horovod's own yield loop);
-#: "auto" picks one of them (``resolve_wait_mode``).
-WAIT_MODES = ("sleep", "spin")
+# How gravac waits for its Horovod collectives (``run.horovod_wait``, WAIT_MODES): "sleep"
+# (``wait_sleeping``) or "spin" (``hvd.synchronize`` alone, Horovod's own yield loop);
+# "auto" picks one of them (``resolve_wait_mode``).
 _wait = {"mode": "sleep", "why": "default"}
 
 
@@ -77,8 +77,9 @@ def resolve_wait_mode(setting: str, hostnames: Sequence[str], rank: int,
     """
     if setting in WAIT_MODES:
         return setting, "run.horovod_wait"
-    if setting != "auto":
-        raise ValueError(f"horovod_wait must be auto, sleep or spin, got {setting!r}")
+    if setting not in HOROVOD_WAITS:
+        raise ValueError(f"horovod_wait must be one of {', '.join(HOROVOD_WAITS)}, "
+                         f"got {setting!r}")
     here = sum(1 for h in hostnames if h == hostnames[rank])
     mode = "sleep" if here > cpu_count else "spin"
     return mode, f"auto: {here} ranks on {cpu_count} cores"

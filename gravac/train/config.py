@@ -409,8 +409,9 @@ def validate(cfg: Config) -> None:
     except ValueError:
         raise ConfigError(f"run.horovod_cycle_time_ms={r.horovod_cycle_time_ms!r}: "
                           f"{CYCLE_PROBLEM}") from None
-    _require(r.horovod_wait in ("auto", "sleep", "spin"), "run.horovod_wait", r.horovod_wait,
-             "must be 'auto', 'sleep' or 'spin'")
+    from ..comm import HOROVOD_WAITS
+    _require(r.horovod_wait in HOROVOD_WAITS, "run.horovod_wait", r.horovod_wait,
+             f"must be one of {', '.join(HOROVOD_WAITS)}")
     _require(r.stall_timeout >= 0, "run.stall_timeout", r.stall_timeout,
              "must be >= 0 seconds (0 turns the stall watchdog off)")
     _require(r.stop_check_interval >= 1, "run.stop_check_interval", r.stop_check_interval,

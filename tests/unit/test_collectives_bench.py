@@ -39,3 +39,32 @@ def test_merge_lockstep_takes_the_slowest_rank_per_step():
     assert row["step_s"] == pytest.approx(0.28)        # median of 0.30, 0.28, 0.25
     assert row["own_s"] == pytest.approx(0.175)        # median of all six
     assert merged["gemm"]["unit_s"] == [1e-3, 1e-3]
+
+
+def test_solo_kind_has_one_rank_work_per_step_in_turn():
+    # 3 ranks, 6 steps: rank 0 works at steps 0 and 3, rank 1 at 1 and 4, rank 2 at 2 and 5
+    turns = [[C._works("stream_solo", r, 3, i) for i in range(6)] for r in range(3)]
+    assert turns == [[True, False, False, True, False, False],
+                     [False, True, False, False, True, False],
+                     [False, False, True, False, False, True]]
+    assert all(C._works("stream", r, 3, i) for r in range(3) for i in range(6))
+
+
+def test_merge_lockstep_of_a_solo_kind_keeps_the_working_ranks_own_time():
+    def rank(steps, own):
+        return {"stream_solo": {"unit_s": 1e-3, "rows": [{"work_s": 0.1, "steps_s": steps,
+                                                          "own_s": own}]}}
+
+    merged = C.merge_lockstep([rank([0.12, 0.13, 0.11], [0.10, None, 0.09]),
+                               rank([0.12, 0.13, 0.11], [None, 0.12, None])])
+    row = merged["stream_solo"]["rows"][0]
+    assert row["own_s"] == pytest.approx(0.10)         # median of 0.10, 0.09, 0.12
+    assert row["step_s"] == pytest.approx(0.12)
+
+
+def test_lockstep_solo_on_one_process_works_every_step():
+    from gravac.comm import init
+
+    out = C.measure_lockstep(init("local"), [10], repeats=2, kinds=("stream_solo",))
+    busy = out["stream_solo"]["rows"][0]
+    assert all(o is not None and o > 0 for o in busy["own_s"])

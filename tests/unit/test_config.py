@@ -86,6 +86,8 @@ def test_set_parses_yaml_values_without_eval():
      "cannot be combined with compression.overlap=true"),
     (["run.steps=5", "compression.exchange=hierarchical", "run.elastic=true"],
      "cannot be combined with run.elastic=true: its host groups"),
+    (["run.steps=5", "run.horovod_wait=busy"],
+     "run.horovod_wait='busy': must be one of auto, sleep, spin"),
 ])
 def test_errors_name_key_value_and_what_is_allowed(overrides, message):
     with pytest.raises(ConfigError, match=message):

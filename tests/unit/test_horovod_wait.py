@@ -35,7 +35,7 @@ def test_auto_sleeps_only_where_a_machines_ranks_outnumber_its_cores():
     # an explicit setting is kept; anything else is refused in one line
     assert resolve("spin", ["m"] * 4, 0, 2) == ("spin", "run.horovod_wait")
     assert resolve("sleep", ["a"], 0, 64) == ("sleep", "run.horovod_wait")
-    with pytest.raises(ValueError, match="auto, sleep or spin"):
+    with pytest.raises(ValueError, match="one of auto, sleep, spin, got .busy."):
         resolve("busy", ["a"], 0, 2)
 
 

@@ -172,6 +172,17 @@ def test_local_time_by_hand():
         check + 12 * 2 + 13 * 8 + 14 * 5000 + 15 * 4 * 5000
     scaled = costs.scaled(2.0)
     assert S.local_time(case, TINY, layout, scaled) == 2 * expect
+    # shared_index's leader selects both levels while the others wait: that part (the
+    # select fit over 5000 at 500, then over 500 at 50) at the solo costs, here 3x
+    leader = 6 * 2 + 7 * 5000 + 8 * 500 + 6 * 2 + 7 * 500 + 8 * 50
+    two_level = S.StepCase("shared_index", theta=100, theta_min=10, theta_c=100, gains=True)
+    plain = S.local_time(two_level, TINY, layout, costs)
+    assert S.local_time(two_level, TINY, layout, costs, solo=costs.scaled(3.0)) == \
+        approx(plain + 2 * leader)
+    # Random-k with a shared seed has no leader: every rank draws the indices itself
+    seeded = S.replace(two_level, shared_selection=True)
+    assert S.local_time(seeded, TINY, layout, costs, solo=costs.scaled(3.0)) == \
+        S.local_time(seeded, TINY, layout, costs)
 
 
 def test_doctests():
@@ -331,6 +342,13 @@ def test_validate_stretches_cpu_work_by_the_lockstep_factors(tmp_path):
     ref = S.CpuSharing({"gemm": 1.0, "stream": 1.0}, {"gemm": 1.1, "stream": 1.0})
     check = S.check_run(run, net, costs, S.Layout(1, 2), (0.011, 4), 2, 2, sharing, ref)
     assert check.parts.compute == pytest.approx(3.0 * 0.011 / 1.1)
+    # a calibration with the solo rows prices shared_index's leader selection by them
+    solo_cal = {**cal, "lockstep": {**cal["lockstep"], "stream_solo": {
+        "step_factor": 1.5, "own_factor": 1.0, "sync_s": 0.0}}}
+    solo_sharing = S.CpuSharing.from_calibration(solo_cal)
+    assert solo_sharing.solo == 1.5 and sharing.solo is None
+    _, local, solo = S._shared_cpu(run, 0.011, None, 2, costs, solo_sharing, None)
+    assert local == costs.scaled(4.0) and solo == costs.scaled(1.5)
     # costs measured by several processes at once already hold contention: refused
     with pytest.raises(S.CliError, match="without --procs"):
         S.check_run(run, net, S.replace(costs, ranks=4), S.Layout(1, 2), None, 2, 2, sharing)
@@ -500,12 +518,13 @@ CONFIG = ("run: {name: x, output_dir: /tmp, steps: 20}\nmodel: {name: small_cnn}
           "data: {name: digits}\ncompression: {controller: static, compressor: topk, cf: 10}\n")
 
 
-def _write_run(run_dir: Path, t_iter: float, steps: int = 15, world: int = 2) -> Path:
+def _write_run(run_dir: Path, t_iter: float, steps: int = 15, world: int = 2,
+               config: str = CONFIG, backend: str | None = None) -> Path:
     """A run directory as train.py writes it (config.yaml, metrics.jsonl): static Top-k
-    at CF 10, every step taking ``t_iter``."""
+    at CF 10 (or ``config``), every step taking ``t_iter``."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(CONFIG)
-    lines = [{"kind": "run_start", "world_size": world}]
+    (run_dir / "config.yaml").write_text(config)
+    lines = [{"kind": "run_start", "world_size": world, "backend": backend}]
     for step in range(1, steps + 1):
         lines.append({"kind": "step", "step": step, "world_size": world, "sent": "min",
                       "cf": 10.0, "theta_min": 10.0, "theta_c": None, "t_compute": 0.01,
@@ -541,6 +560,46 @@ def test_cli_validate(tmp_path, capsys):
     assert S.main(["validate", str(good), "--calibration", str(cal_path), "--compute", "0.011",
                    "--compute-ranks", "1", "--cores", "1", "--warmup", "2"]) == 1
     assert "11.0 / 22.0" in capsys.readouterr().out
+
+
+def test_plain_horovod_runs_are_priced_by_the_plain_calibration(tmp_path, capsys):
+    from gravac.train.config import load_config
+
+    def cal(alpha, beta, slots=2):
+        return {"kind": "gravac.scaling.calibration", "hosts": 1, "slots": slots, "n": slots,
+                "links": {"local": {"allreduce": {"alpha_s": alpha, "beta_s_per_byte": beta},
+                                    "allgather": {"alpha_s": 2e-4, "beta_s_per_byte": 1e-9}}}}
+
+    gravacs, plain = cal(1e-4, 1e-9), cal(3e-4, 2e-9)
+    dense_cfg = CONFIG.replace("controller: static", "controller: dense")
+    (tmp_path / "c.yaml").write_text(dense_cfg)
+    model = S.shapes_from_config(load_config([tmp_path / "c.yaml"]))
+    comm = {name: S.comm_time(S.StepCase("dense"), model, S.Layout(1, 2),
+                              S.Network.from_calibration(c)) for name, c in
+            (("gravac", gravacs), ("plain", plain))}
+    assert comm["plain"] > comm["gravac"]
+    plain_net = S.Network.from_calibration(plain)
+    for backend, expect in (("horovod", "plain"), ("torch", "gravac")):
+        # Horovod's DistributedOptimizer waits in Horovod's loop; DDP's Gloo waits do not
+        run = _write_run(tmp_path / backend, 0.1, config=dense_cfg, backend=backend)
+        check = S.check_run(run, S.Network.from_calibration(gravacs), S.NO_LOCAL,
+                            S.Layout(1, 2), (0.011, 2), 2, 2, plain_net=plain_net)
+        assert check.parts.comm == pytest.approx(comm[expect])
+    # a gravac run keeps the calibration of gravac's own waits
+    run = _write_run(tmp_path / "static", 0.1, backend="horovod")
+    check = S.check_run(run, S.Network.from_calibration(gravacs), S.NO_LOCAL, S.Layout(1, 2),
+                        (0.011, 2), 2, 2, plain_net=plain_net)
+    assert check.parts.comm == pytest.approx(S.comm_time(
+        S.StepCase("allgather", theta=10), model, S.Layout(1, 2),
+        S.Network.from_calibration(gravacs)))
+    # the plain calibration must be of the same layout: one line
+    paths = []
+    for name, c in (("g.json", gravacs), ("p.json", cal(3e-4, 2e-9, slots=4))):
+        paths.append(tmp_path / name)
+        paths[-1].write_text(json.dumps(c))
+    assert S.main(["validate", str(tmp_path / "horovod"), "--calibration", str(paths[0]),
+                   "--plain-calibration", str(paths[1]), "--compute", "0.011"]) == 2
+    assert "--plain-calibration" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("args, where", [
