@@ -674,6 +674,21 @@ class CpuSharing:
         return self.step.get("stream_solo")
 
 
+def pool_lockstep(runs: Sequence[dict]) -> dict | None:
+    """Several lockstep measurements of one layout as one (each kind's rows together, fitted
+    as one): on a shared virtual machine one measurement's factors drift by ±20% within an
+    hour (docs/SCALING.md §3), so several runs give a steadier fit. None for none."""
+    if not runs:
+        return None
+    pooled: dict = {}
+    for run in runs:
+        for kind, data in run.items():
+            pooled.setdefault(kind, {"rows": [], "runs": 0})
+            pooled[kind]["rows"].extend(data["rows"])
+            pooled[kind]["runs"] += 1
+    return pooled
+
+
 def fit_lockstep(lockstep: dict) -> dict:
     """``calibrate``'s fit of collectives.py's lockstep rows, per kind of work:
     step = sync_s + step_factor · work alone; own = own_factor · work alone."""
@@ -685,7 +700,7 @@ def fit_lockstep(lockstep: dict) -> dict:
         own = least_squares([[r["work_s"]] for r in busy], [r["own_s"] for r in busy]) \
             if busy else [1.0]
         out[kind] = {"sync_s": step[0], "step_factor": step[1], "own_factor": own[0],
-                     "points": len(rows)}
+                     "points": len(rows), "runs": data.get("runs", 1)}
     return out
 
 
@@ -1261,12 +1276,7 @@ def calibrate(measurements: Sequence[dict]) -> dict:
         for n in sorted({p[1] for p in pts}):
             by_ranks.setdefault(scope, {}).setdefault(kind, {})[str(n)] = \
                 entry([p for p in pts if p[1] == n])
-    with_lockstep = [m["lockstep"] for m in measurements if m.get("lockstep")]
-    if len(with_lockstep) > 1:
-        raise CliError(f"{len(with_lockstep)} inputs have lockstep rows: give one (a "
-                       "collectives.py run with --lockstep-ms, or one with --groups and "
-                       "nothing else)")
-    lockstep = with_lockstep[0] if with_lockstep else None
+    lockstep = pool_lockstep([m["lockstep"] for m in measurements if m.get("lockstep")])
     return {"kind": "gravac.scaling.calibration", "hosts": first["hosts"],
             "slots": first["slots"], "n": first["n"], "link": first.get("link"),
             "backend": first.get("backend"), "horovod_cycle_time_ms":
@@ -1705,7 +1715,8 @@ def cmd_calibrate(args) -> int:
     for kind, fit in cal.get("lockstep", {}).items():
         rows.append(f"  lockstep {kind:6}: a step's CPU phase x{fit['step_factor']:.2f} the work "
                     f"alone (a rank's own work x{fit['own_factor']:.2f}), sync "
-                    f"{fit['sync_s'] * 1e3:.1f} ms ({fit['points']} points)")
+                    f"{fit['sync_s'] * 1e3:.1f} ms ({fit['points']} points"
+                    + (f" of {fit['runs']} runs" if fit.get("runs", 1) > 1 else "") + ")")
     print("\n".join(rows), file=sys.stderr)
     _write(args.out, json.dumps(cal, indent=1) + "\n")
     return 0

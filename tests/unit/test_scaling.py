@@ -308,8 +308,16 @@ def test_calibrate_fits_the_lockstep_steps():
     lockstep_only = {**links_only, "groups": {}, "lockstep": doc["lockstep"]}
     both = S.calibrate([links_only, lockstep_only])
     assert both["lockstep"] == cal["lockstep"] and both["links"] == cal["links"]
-    with pytest.raises(S.CliError, match="2 inputs have lockstep rows"):
-        S.calibrate([doc, lockstep_only])
+    # several lockstep runs are pooled: each kind's rows fitted together
+    again = S.calibrate([doc, lockstep_only])
+    assert again["lockstep"]["gemm"]["points"] == 8 and again["lockstep"]["gemm"]["runs"] == 2
+    assert again["lockstep"]["gemm"]["step_factor"] == pytest.approx(2.5, rel=1e-9)
+    other = {**lockstep_only, "lockstep": _lockstep_doc(
+        {"gemm": 1.5, "stream": 3.25}, {"gemm": 1.75, "stream": 2.0}, 0.004)}
+    mixed = S.calibrate([doc, other])["lockstep"]["gemm"]
+    # the same W in both runs: least squares puts the slope through the runs' means
+    assert mixed["step_factor"] == pytest.approx(2.0, rel=1e-9)
+    assert mixed["sync_s"] == pytest.approx(0.004, rel=1e-9)
     # a calibration without lockstep rows (older measurements): contention is assumed
     assert S.CpuSharing.from_calibration(S.calibrate([_collectives_doc(
         2, 2, S.Link(50e-6, 8e-9), S.Link(5e-6, 4e-10))])) is None
