@@ -645,7 +645,7 @@ class CpuSharing:
     Example::
 
         sharing = CpuSharing({"gemm": 2.9, "stream": 3.4}, {"gemm": 1.7, "stream": 2.0})
-        sharing.step_time(compute_alone=0.1, local_alone=0.02)     # 0.358 s
+        sharing.compute_alone(0.17)     # a run recorded 170 ms of compute: 100 ms alone
     """
 
     step: dict
@@ -658,10 +658,6 @@ class CpuSharing:
             return None
         return cls({k: f["step_factor"] for k, f in fits.items()},
                    {k: f["own_factor"] for k, f in fits.items()})
-
-    def step_time(self, compute_alone: float, local_alone: float) -> float:
-        """Seconds of a step's CPU phase (collectives' own times not included)."""
-        return self.step["gemm"] * compute_alone + self.step["stream"] * local_alone
 
     def compute_alone(self, recorded: float) -> float:
         """A rank's recorded t_compute + t_update in this layout -> seconds alone."""
