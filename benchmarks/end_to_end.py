@@ -18,6 +18,12 @@ run of the same invocation and rate:
         [--rates 1gbit 100mbit 10gbit] [--steps N] [--methods dense gravac ...]
         [--backend horovod torch] [--out runs/benchmarks/e2e]
 
+--rounds N runs the whole set N times (round r under --out/round<r>/; even rounds in the
+reverse order, so a machine that drifts during the invocation favours no method) and ends
+with a table of each method's ratios to its own round's dense run: every round's, their
+median and range. On a shared machine one round's ratio can move by 10-20%; the spread
+says whether a target is met or only touched.
+
 --backend picks the transports (default horovod). Under torch, "dense" is PyTorch DDP and
 "horovod_fp16" is DDP with its fp16 compression hook: what a torchrun user runs without
 gravac. Each backend's ratios are to its own dense run; with both backends a last table
@@ -30,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import time
@@ -316,6 +323,43 @@ def peer_table(rate: str, by_backend: dict[str, dict[str, dict]]) -> str | None:
     return "\n".join(lines)
 
 
+def rounds_table(rate: str, backend: str, per_round: list[dict[str, dict]]) -> str:
+    """Each method's samples/s and time to target as ratios to the dense run of the same
+    round (``per_round``: one summary per round, method -> summarize()), with the median
+    and range over rounds."""
+    def cell(values: list) -> str:
+        got = [v for v in values if v is not None]
+        if not got:
+            return "never"
+        med = statistics.median(got)
+        spread = f" ({min(got):.2f}-{max(got):.2f})" if len(got) > 1 else ""
+        missed = f", never in {len(values) - len(got)}" if len(got) < len(values) else ""
+        return f"{med:.2f}x{spread}{missed}"
+
+    n = len(per_round)
+    lines = [f"### {rate}, {backend}: {n} rounds, each ratio to its own round's dense run "
+             "(median (min-max))", "",
+             "| method | samples/s vs dense | " + " | ".join(f"round {r + 1}" for r in range(n))
+             + " | time to target vs dense |",
+             "|---|---:|" + "---:|" * n + "---:|"]
+    for name in per_round[0]:
+        if name == "dense" or any(name not in runs for runs in per_round):
+            continue
+        speed = [runs[name]["samples_per_sec"] / runs["dense"]["samples_per_sec"]
+                 for runs in per_round]
+        ttt = [runs[name]["time_to_target"] / runs["dense"]["time_to_target"]
+               if runs[name]["time_to_target"] and runs["dense"]["time_to_target"] else None
+               for runs in per_round]
+        lines.append(f"| {name} | {cell(speed)} | " + " | ".join(f"{v:.2f}x" for v in speed)
+                     + f" | {cell(ttt)} |")
+    return "\n".join(lines)
+
+
+def round_dir(out: Path, round_: int, rounds: int) -> Path:
+    """Where round ``round_`` (1-based) of ``rounds`` keeps its runs: --out itself for one."""
+    return out if rounds == 1 else out / f"round{round_}"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rates", nargs="+", default=["1gbit", "100mbit"])
@@ -331,6 +375,9 @@ def main() -> int:
     parser.add_argument("--backend", nargs="+", default=["horovod"], choices=BACKENDS,
                         help="transports to run every method on (default: horovod)")
     parser.add_argument("--out", type=Path, default=REPO / "runs/benchmarks/e2e")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run every method this many times, alternating the order, and "
+                             "report each method's ratios per round, median and range")
     parser.add_argument("--summarize-only", action="store_true",
                         help="do not train: summarize the runs already under --out")
     parser.add_argument("--set", dest="extra", action="append", default=[],
@@ -340,27 +387,68 @@ def main() -> int:
         parser.error(f"--hosts {args.hosts} must be >= 1 and divide --np {args.np}")
     if "dense" not in args.methods:
         parser.error("--methods must include dense: every ratio is to the dense run")
+    if args.rounds < 1:
+        parser.error(f"argument --rounds: must be >= 1, got {args.rounds}")
     methods = ["dense"] + [m for m in args.methods if m != "dense"]
     workload = WORKLOADS[args.workload][0]
     args.steps = args.steps or WORKLOADS[args.workload][2]
     backends = list(dict.fromkeys(args.backend))
     layout = f"{args.np} ranks" + (f" on {args.hosts} hosts" if args.hosts > 1 else "")
     print(f"end-to-end: {len(methods)} methods x {len(args.rates)} rates x {len(backends)} "
-          f"backends, {args.steps} steps, {layout}, workload {workload}", flush=True)
+          f"backends x {args.rounds} rounds, {args.steps} steps, {layout}, workload {workload}",
+          flush=True)
+    sections, everything, rounds = [], {}, {}
+    for round_ in range(1, args.rounds + 1):
+        out = round_dir(args.out, round_, args.rounds)
+        if args.rounds > 1:
+            print(f"round {round_} of {args.rounds}: {out}", flush=True)
+            sections.append(f"## Round {round_}")
+        # even rounds run the methods in the reverse order: a drifting machine favours none
+        order = methods if round_ % 2 else methods[::-1]
+        part = run_round(args, methods, order, backends, out)
+        sections += part["sections"]
+        for rate, by_backend in part["everything"].items():
+            for backend, result in by_backend.items():
+                key = f"round{round_}" if args.rounds > 1 else None
+                everything.setdefault(rate, {}).setdefault(backend, {} if key else result)
+                if key:
+                    everything[rate][backend][key] = result
+                    rounds.setdefault((rate, backend), []).append(result["runs"])
+    for (rate, backend), per_round in rounds.items():
+        sections.append(rounds_table(rate, backend, per_round))
+        print("\n" + sections[-1] + "\n", flush=True)
+    sys.path.insert(0, str(REPO))
+    from gravac.util.atomic import atomic_write_text
+
+    header = (f"# End-to-end results\n\n{len(methods)} methods, {args.steps} steps, {layout},"
+              f" {args.rounds} round{'s' if args.rounds > 1 else ''}, workload `{workload}`, "
+              f"command `{' '.join(sys.argv)}`\n\n")
+    atomic_write_text(args.out / "results.md", header + "\n\n".join(sections) + "\n")
+    atomic_write_text(args.out / "results.json", json.dumps(everything, indent=1, default=str))
+    print(f"results: {args.out / 'results.md'}; reports: {args.out}/.../<rate>/<backend>/report/"
+          "report.md")
+    return 0
+
+
+def run_round(args, methods: list[str], order: list[str], backends: list[str],
+              out: Path) -> dict:
+    """Every method at every rate and backend once (in ``order``), under ``out``; returns
+    the tables ("sections") and summaries ("everything": rate -> backend -> target, runs)."""
     sections, everything = [], {}
     for rate in args.rates:
         by_backend = {}
         for backend in backends:
-            results = {}
-            for method in methods:
+            runs = {}
+            for method in order:
                 if method.startswith("ddp_") and backend != "torch":
                     print(f"  {rate:>8} {backend:<8} {method:<18} skipped: a DDP hook runs on "
                           "torch.distributed only (--backend torch)", flush=True)
                     continue
-                run_dir = (run_dir_of(args.out, rate, backend, method) if args.summarize_only
-                           else run_one(method, rate, args.steps, args.out, args.np, args.extra,
+                run_dir = (run_dir_of(out, rate, backend, method) if args.summarize_only
+                           else run_one(method, rate, args.steps, out, args.np, args.extra,
                                         args.workload, backend, hosts=args.hosts))
-                results[method] = load(run_dir)
+                runs[method] = load(run_dir)
+            results = {m: runs[m] for m in methods if m in runs}      # dense first
             dense_steps = results["dense"]["steps"]
             target = smoothed(dense_steps)[int(0.8 * len(dense_steps)) - 1]
             summary = {m: summarize(r, target) for m, r in results.items()}
@@ -368,7 +456,7 @@ def main() -> int:
             sections.append(table(rate, summary, target, backend))
             everything.setdefault(rate, {})[backend] = {"target": target, "runs": summary}
             print("\n" + sections[-1] + "\n", flush=True)
-            where = args.out / rate / backend
+            where = out / rate / backend
             subprocess.call([str(REPO / ".venv/bin/python"), "-m", "gravac.report",
                              *[str(where / m) for m in results],    # skipped ones left out
                              "--baseline", str(where / "dense"),
@@ -380,15 +468,7 @@ def main() -> int:
         if peers:
             sections.append(peers)
             print("\n" + peers + "\n", flush=True)
-    sys.path.insert(0, str(REPO))
-    from gravac.util.atomic import atomic_write_text
-
-    header = (f"# End-to-end results\n\n{len(methods)} methods, {args.steps} steps, {layout},"
-              f" workload `{workload}`, command `{' '.join(sys.argv)}`\n\n")
-    atomic_write_text(args.out / "results.md", header + "\n\n".join(sections) + "\n")
-    atomic_write_text(args.out / "results.json", json.dumps(everything, indent=1, default=str))
-    print(f"results: {args.out / 'results.md'}; reports: {args.out}/<rate>/<backend>/report/report.md")
-    return 0
+    return {"sections": sections, "everything": everything}
 
 
 if __name__ == "__main__":

@@ -1,11 +1,12 @@
-"""benchmarks/end_to_end.py's arithmetic: when DDP's PowerSGD hook starts, and the table
-that puts every gravac method against the fastest peer (issue 13's target)."""
+"""benchmarks/end_to_end.py's arithmetic: when DDP's PowerSGD hook starts, the table that
+puts every gravac method against the fastest peer (issue 13's target), and the table of
+ratios over several rounds."""
 import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "benchmarks"))
-from end_to_end import METHODS, peer_table, powersgd_start  # noqa: E402
+from end_to_end import METHODS, peer_table, powersgd_start, round_dir, rounds_table  # noqa: E402
 
 
 def test_ddp_powersgd_starts_after_a_tenth_of_the_run_and_never_before_step_2():
@@ -38,3 +39,31 @@ def test_peer_table_takes_the_fastest_peer_of_either_backend():
 def test_no_peer_reached_the_target_means_no_table():
     assert peer_table("1gbit", {"horovod": {"dense": _run(10.0, 1.0),
                                             "horovod_fp16": _run(None, 1.0)}}) is None
+
+
+def _speed(sps, ttt):
+    return {"samples_per_sec": sps, "time_to_target": ttt}
+
+
+def test_rounds_table_takes_each_ratio_to_its_own_rounds_dense():
+    per_round = [
+        {"dense": _speed(40.0, 100.0), "static": _speed(100.0, 40.0), "gravac": _speed(90.0, 50.0)},
+        {"dense": _speed(50.0, 80.0), "static": _speed(110.0, 40.0), "gravac": _speed(130.0, None)},
+        {"dense": _speed(45.0, 90.0), "static": _speed(99.0, 45.0), "gravac": _speed(99.0, 45.0)},
+    ]
+    text = rounds_table("1gbit", "horovod", per_round)
+    assert "3 rounds" in text.splitlines()[0]
+    rows = {line.split(" | ")[0][2:]: line for line in text.splitlines()
+            if line.startswith("| static") or line.startswith("| gravac")}
+    assert set(rows) == {"static", "gravac"}          # dense is every ratio's denominator
+    # static: 2.50x, 2.20x, 2.20x -> median 2.20x; time to target 0.40, 0.50, 0.50
+    assert rows["static"] == ("| static | 2.20x (2.20-2.50) | 2.50x | 2.20x | 2.20x | "
+                              "0.50x (0.40-0.50) |")
+    # gravac: 2.25x, 2.60x, 2.20x; it missed the target in round 2: said, not dropped
+    assert rows["gravac"] == ("| gravac | 2.25x (2.20-2.60) | 2.25x | 2.60x | 2.20x | "
+                              "0.50x (0.50-0.50), never in 1 |")
+
+
+def test_one_round_keeps_its_runs_where_they_always_were(tmp_path):
+    assert round_dir(tmp_path, 1, 1) == tmp_path
+    assert round_dir(tmp_path, 2, 3) == tmp_path / "round2"
