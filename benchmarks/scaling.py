@@ -1784,6 +1784,8 @@ def cmd_validate(args) -> int:
                   if sharing.solo is not None else "") + " their time alone")
     text = (f"Layout {layout} ({layout.n} ranks on {args.cores} cores: {cpu}), "
             f"calibration {args.calibration}, "
+            + (f"plain Horovod runs' links {args.plain_calibration}, "
+               if args.plain_calibration else "") +
             f"compression costs {args.compression or 'none'}, compute "
             f"{'each run its own' if compute is None else _compute_text(compute)}"
             f"; medians of the steps after {args.warmup}.\n\n"

@@ -606,6 +606,13 @@ def test_plain_horovod_runs_are_priced_by_the_plain_calibration(tmp_path, capsys
     assert S.main(["validate", str(tmp_path / "horovod"), "--calibration", str(paths[0]),
                    "--plain-calibration", str(paths[1]), "--compute", "0.011"]) == 2
     assert "--plain-calibration" in capsys.readouterr().err
+    # of the same layout: used, and the report's header names it
+    same = tmp_path / "same.json"
+    same.write_text(json.dumps(plain))
+    out = tmp_path / "v.md"
+    S.main(["validate", str(tmp_path / "horovod"), "--calibration", str(paths[0]),
+            "--plain-calibration", str(same), "--compute", "0.011", "--out", str(out)])
+    assert f"plain Horovod runs' links {same}, " in out.read_text().splitlines()[0]
 
 
 @pytest.mark.parametrize("args, where", [
