@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 import torch
 
-from .blockscan import at_least, passing_indices, scan_all
+from .blockscan import at_least, count_true, passing_indices, scan_all, true_indices
 
 
 class SelectContext(NamedTuple):
@@ -45,13 +45,30 @@ def mix_seed(*values: int) -> int:
     return h & ((1 << 63) - 1)
 
 
-def sample_generator(seed: int, ctx: SelectContext) -> torch.Generator:
+def device_path(t: torch.Tensor) -> bool:
+    """Whether a selection over ``t`` takes its accelerator path (``t`` not on the CPU).
+
+    The CPU paths are tuned for a few CPU threads (block screening, NumPy scans, reused
+    buffers, sampled thresholds that save torch's slow CPU top-k). On a GPU one
+    elementwise pass is cheap, a host sync is not, and fresh tensors come from the caching
+    allocator without page faults: there each compressor goes straight to device scans
+    with as few syncs as its algorithm allows. Tests force the accelerator path onto CPU
+    tensors by replacing this function (those paths are plain torch and run anywhere).
+    """
+    return t.device.type != "cpu"
+
+
+def sample_generator(seed: int, ctx: SelectContext, device=None) -> torch.Generator:
     """The generator of one ``select`` call's threshold sample, seeded from where the call
     happens (step, layer, level, rank), not from how many calls came before: the samples,
     and so the picks among tied magnitudes, do not depend on the order layers are
-    compressed in (backward's order with overlap, forward's without)."""
-    return torch.Generator().manual_seed(mix_seed(seed, ctx.step, ctx.layer, ctx.level,
-                                                  ctx.rank))
+    compressed in (backward's order with overlap, forward's without).
+
+    ``device`` (default: the CPU) is where the generator draws: a tensor on a GPU is
+    sampled by a generator of its own device, so no index crosses the bus. The same seed
+    draws different numbers on a CPU and on a GPU generator."""
+    g = torch.Generator() if device is None else torch.Generator(device=device)
+    return g.manual_seed(mix_seed(seed, ctx.step, ctx.layer, ctx.level, ctx.rank))
 
 
 def num_kept(n: int, cf: float) -> int:
@@ -73,6 +90,9 @@ class Compressor(ABC):
     advanced indexing costs ~3-10x as much for the same result). ``k >= n`` returns
     every index; ``k < 1`` is an error.
     ``count_bounds(k)`` documents how many indices a call may return.
+    ``x`` may live on any device and the indices come back on it: CPU tensors take the
+    CPU paths, GPU tensors the accelerator paths (``device_path``), which keep the same
+    promises with device-side draws and few host syncs.
 
     Example::
 
@@ -108,6 +128,18 @@ class Compressor(ABC):
             return torch.arange(n, dtype=torch.int64, device=x.device)
         return self._select(x, k, ctx or SelectContext())
 
+    def select_many(self, xs: list[torch.Tensor], ks: list[int],
+                    ctxs: list[SelectContext] | None = None) -> list[torch.Tensor]:
+        """``select`` of each tensor of ``xs`` with its own k and context: the same
+        indices as one call each (a compressor may batch the calls: Top-k on a GPU).
+
+        Example::
+
+            idx = comp.select_many([g1, g2], [10, 100])    # [select(g1, 10), select(g2, 100)]
+        """
+        ctxs = ctxs or [SelectContext()] * len(xs)
+        return [self.select(x, k, c) for x, k, c in zip(xs, ks, ctxs)]
+
     @abstractmethod
     def _select(self, x: torch.Tensor, k: int, ctx: SelectContext) -> torch.Tensor:
         """Indices for 1 <= k < n; ``select`` has already checked the arguments."""
@@ -116,7 +148,17 @@ class Compressor(ABC):
     # On CPU a fresh multi-megabyte tensor costs more in page faults than the arithmetic
     # that fills it (x.abs() on 10M floats: ~20 ms allocated, ~3 ms into a reused buffer),
     # so the full-size intermediates of a selection live in buffers kept between calls.
+    # On a GPU the caching allocator hands freed blocks back at no cost: intermediates are
+    # fresh tensors there, and no compressor holds a layer-sized buffer between steps.
+    @staticmethod
+    def _on_device(x: torch.Tensor) -> bool:
+        """Whether ``x`` takes the accelerator path (``device_path``, looked up at each
+        call so that tests can force it)."""
+        return device_path(x)
+
     def _scratch(self, key: str, numel: int, dtype: torch.dtype, device) -> torch.Tensor:
+        if torch.device(device).type != "cpu":
+            return torch.empty(numel, dtype=dtype, device=device)
         buffers = self.__dict__.setdefault("_buffers", {})
         buf = buffers.get(key)
         if buf is None or buf.numel() < numel or buf.dtype != dtype or buf.device != device:
@@ -148,11 +190,24 @@ class Compressor(ABC):
         when most blocks do); when at most k are nonzero they are all kept and the first zero
         entries fill up to k (zeros are all equally large: any of them is an exact
         answer), else the top-k runs over the nonzeros only.
+
+        On the accelerator path the nonzeros come from one device scan (``x != 0``, then
+        a count and ``nonzero``: block screening saves nothing on a GPU), and filling up
+        with zeros needs no host sync of its own.
         """
         n = x.numel()
-        nonzero = passing_indices(x, 0)
-        if nonzero is None:
-            nonzero = scan_all(x, 0, mask=self._scratch("mask", n, torch.bool, x.device))
+        device = self._on_device(x)
+        if device:
+            # Count before listing: a dense x (a low CF, a second level over kept values)
+            # then skips writing n int64 indices only to learn that it is dense.
+            mask = torch.ne(x, 0, out=self._scratch("mask", n, torch.bool, x.device))
+            if count_true(mask) > n // 2:
+                return exact_topk(self._magnitudes(x), k)
+            nonzero = true_indices(mask)
+        else:
+            nonzero = passing_indices(x, 0)
+            if nonzero is None:
+                nonzero = scan_all(x, 0, mask=self._scratch("mask", n, torch.bool, x.device))
         nnz = nonzero.numel()
         if nnz > n // 2:
             return exact_topk(self._magnitudes(x), k)
@@ -161,6 +216,15 @@ class Compressor(ABC):
         need = k - nnz
         # The first need + nnz entries hold at least `need` zeros (nonzero is ascending).
         head = need + nnz
+        if device:
+            if need == 0:
+                return nonzero
+            # Nonzeros at or past `head` all land on a spare last slot; the head holds at
+            # least `need` zeros, so the first `need` of them have a known count: no sync.
+            is_zero = torch.ones(head + 1, dtype=torch.bool, device=x.device)
+            is_zero.index_fill_(0, nonzero.clamp(max=head), False)
+            zeros = torch.nonzero_static(is_zero[:head], size=need).view(-1)
+            return torch.cat([nonzero, zeros])
         is_zero = torch.ones(head, dtype=torch.bool, device=x.device)
         is_zero.index_fill_(0, nonzero[:int(torch.searchsorted(nonzero, head))], False)
         zeros = is_zero.nonzero().view(-1)[:need]
@@ -193,7 +257,7 @@ def exact_topk(magnitudes: torch.Tensor, k: int) -> torch.Tensor:
     """Indices of the k largest entries of ``magnitudes`` (unsorted, exact).
 
     Half precision on CPU goes through float32: torch's CPU topk for fp16/bf16 is slow
-    and the ordering of the upcast values is the same.
+    and the ordering of the upcast values is the same. CUDA's topk takes them as they are.
     """
     if magnitudes.device.type == "cpu" and magnitudes.dtype in (torch.float16, torch.bfloat16):
         magnitudes = magnitudes.float()
@@ -201,13 +265,20 @@ def exact_topk(magnitudes: torch.Tensor, k: int) -> torch.Tensor:
 
 
 def sample_magnitudes(ax: torch.Tensor, size: int, generator: torch.Generator) -> torch.Tensor:
-    """A uniform random sample (with replacement) of ``size`` entries of ``ax``."""
-    idx = torch.randint(0, ax.numel(), (size,), generator=generator, device="cpu")
-    return ax.index_select(0, idx.to(ax.device))
+    """A uniform random sample (with replacement) of ``size`` entries of ``ax``.
+
+    The indices are drawn where ``generator`` lives (``sample_generator(..., device)``):
+    with a generator on ``ax``'s GPU nothing crosses the bus; a CPU generator still works
+    with a GPU ``ax`` (its indices are copied over)."""
+    idx = torch.randint(0, ax.numel(), (size,), generator=generator, device=generator.device)
+    if idx.device != ax.device:
+        idx = idx.to(ax.device)
+    return ax.index_select(0, idx)
 
 
 def kth_largest(values: torch.Tensor, k: int) -> torch.Tensor:
-    """The k-th largest entry of ``values`` as a 0-d tensor (k is clamped to [1, n])."""
+    """The k-th largest entry of ``values`` as a 0-d tensor on their device, with no host
+    sync (k is clamped to [1, n]; fp16/bf16 values come back as float32, exactly)."""
     k = max(1, min(int(k), values.numel()))
     if values.dtype in (torch.float16, torch.bfloat16):
         values = values.float()

@@ -6,6 +6,12 @@ The magnitude threshold is the sample's top-k threshold, from a random sample of
 re-estimated (up to ``max_retries`` times); a selection still above k is trimmed to k by
 exact top-k among the selected, and one still below ``(1 - tolerance)·k`` falls back to
 exact top-k. So the count always lies in ``[ceil((1 - tolerance)·k), k]``.
+
+On a GPU (``base.device_path``) the algorithm is the same (the same 1% sample, drawn on the
+device) with fewer host syncs: the first probe's ``nonzero`` gives the count and the
+indices together (one sync where the CPU path counts and then scans again), a zero
+sample threshold is only looked at when that probe came back short, and retries count
+without writing indices. Common case: one sync per call.
 """
 from __future__ import annotations
 
@@ -53,11 +59,25 @@ class DGC(Compressor):
         k = min(k, n)
         return min(k, math.ceil((1 - self.tolerance) * k)), k
 
+    def _sample_size(self, n: int, k: int) -> int:
+        # Enough samples that the sample's own top-k holds several entries.
+        return min(n, max(math.ceil(n * self.sample_fraction), math.ceil(8 * n / k)))
+
+    def _retry(self, sample, s, rank, threshold, count, k, high):
+        """The next (rank, threshold) after a count outside the band."""
+        # Correct the sample rank by how far the count missed; when the sample
+        # cannot resolve a finer threshold, scale the threshold itself.
+        new_rank = max(1, min(s, round(rank * k / max(count, 1))))
+        if new_rank != rank:
+            return new_rank, kth_largest(sample, new_rank)
+        return rank, threshold * (1.3 if count > high else 0.7)
+
     def _select(self, x: torch.Tensor, k: int, ctx: SelectContext) -> torch.Tensor:
+        if self._on_device(x):
+            return self._select_on_device(x, k, ctx)
         ax = self._magnitudes(x)
         n = ax.numel()
-        # Enough samples that the sample's own top-k holds several entries.
-        s = min(n, max(math.ceil(n * self.sample_fraction), math.ceil(8 * n / k)))
+        s = self._sample_size(n, k)
         sample = sample_magnitudes(ax, s, sample_generator(self._seed, ctx))
         rank = math.ceil(k * s / n)
         low, high = (1 - self.tolerance) * k, (1 + self.tolerance) * k
@@ -70,19 +90,45 @@ class DGC(Compressor):
         for _ in range(self.max_retries):
             if low <= count <= high:
                 break
-            # Correct the sample rank by how far the count missed; when the sample
-            # cannot resolve a finer threshold, scale the threshold itself.
-            new_rank = max(1, min(s, round(rank * k / max(count, 1))))
-            if new_rank != rank:
-                rank = new_rank
-                threshold = kth_largest(sample, rank)
-            else:
-                threshold = threshold * (1.3 if count > high else 0.7)
+            rank, threshold = self._retry(sample, s, rank, threshold, count, k, high)
             mask = self._at_least(ax, threshold)
             count = count_true(mask)
         if count < low:
             return self._topk_of_all(ax, k)
         selected = true_indices(mask)
+        if count > k:
+            selected = selected.index_select(0, exact_topk(ax.index_select(0, selected), k))
+        return selected
+
+    def _select_on_device(self, x: torch.Tensor, k: int, ctx: SelectContext) -> torch.Tensor:
+        """The same selection as the CPU path's for the same sample, with one host sync in
+        the common case (the first probe's ``nonzero``); retries add one count each."""
+        ax = self._magnitudes(x)
+        n = ax.numel()
+        s = self._sample_size(n, k)
+        sample = sample_magnitudes(ax, s, sample_generator(self._seed, ctx, ax.device))
+        rank = math.ceil(k * s / n)
+        low, high = (1 - self.tolerance) * k, (1 + self.tolerance) * k
+        threshold = kth_largest(sample, rank)
+        # A zero threshold probes at +inf instead (nothing passes but inf and the count
+        # comes back short); whether it was zero is asked only then.
+        probe = torch.where(threshold > 0, threshold, torch.full_like(threshold, math.inf))
+        mask = ax >= probe
+        selected = true_indices(mask)
+        count = selected.numel()
+        if count < low and not bool(threshold > 0):
+            # Mostly zeros: no threshold separates k entries; keep the exact top-k.
+            return self._topk_of_all(ax, k)
+        for _ in range(self.max_retries):
+            if low <= count <= high:
+                break
+            rank, threshold = self._retry(sample, s, rank, threshold, count, k, high)
+            mask = ax >= threshold
+            selected, count = None, count_true(mask)
+        if count < low:
+            return self._topk_of_all(ax, k)
+        if selected is None:
+            selected = true_indices(mask)
         if count > k:
             selected = selected.index_select(0, exact_topk(ax.index_select(0, selected), k))
         return selected

@@ -174,7 +174,9 @@ class PowerSGD(Compressor):
         """Layer ``name``'s Q (cols x rank, ``compute_dtype`` on ``like``'s device), a view
         of the state kept between steps. Columns never used before are drawn now: column j
         from a generator seeded by (seed, name, j), so the same on every rank and the same
-        whichever rank a layer first ran at."""
+        whichever rank a layer first ran at. They are drawn on the CPU and moved to
+        ``like``'s device once, when a layer's Q is created or grows (not each step), so
+        CPU and GPU ranks start from the same Q; the steps never leave the device."""
         dtype = compute_dtype(like.dtype)
         q = self._q.get(name)
         if q is not None and q.shape[0] != cols:
