@@ -68,6 +68,12 @@ class ResidualMemory:
         elif buf.numel() != grad.numel():
             raise ValueError(f"residual of {name!r} has {buf.numel()} elements but the gradient "
                              f"has {grad.numel()}; parameter shapes must not change during training")
+        elif buf.device != grad.device:
+            # The residual follows its gradient (a state loaded without ``like``, or the
+            # model moved to another device after the optimizer was built). Once, not per
+            # step: from then on they share the device.
+            buf = self._buffers[name] = buf.to(grad.device)
+            self._spares.pop(name, None)
         return buf
 
     def _spare(self, name: str, buf: torch.Tensor) -> torch.Tensor:
@@ -81,6 +87,24 @@ class ResidualMemory:
         residual itself is unchanged until ``update``."""
         buf = self._buffer(name, grad)
         return torch.add(buf, grad.reshape(-1).to(buf.dtype), out=self._spare(name, buf))
+
+    def compensate_all(self, names: list[str], grads: list[torch.Tensor],
+                       batched: bool | None = None) -> list[torch.Tensor]:
+        """``compensate`` of each (name, grad). On a GPU (``batched`` None: where the
+        gradients are; True forces it), for gradients of one device and dtype kept as is
+        in the residuals, two multi-tensor kernels for all of them (copy the gradients
+        into the spares, add the residuals) instead of one launch per layer: the same
+        sums, g + r = r + g."""
+        kinds = {(g.device, g.dtype) for g in grads}
+        if batched is None:
+            batched = bool(grads) and grads[0].device.type != "cpu"
+        if not batched or len(kinds) != 1 or self.dtype_for(grads[0].dtype) != grads[0].dtype:
+            return [self.compensate(n, g) for n, g in zip(names, grads)]
+        bufs = [self._buffer(n, g) for n, g in zip(names, grads)]
+        spares = [self._spare(n, b) for n, b in zip(names, bufs)]
+        torch._foreach_copy_(spares, [g.reshape(-1) for g in grads])
+        torch._foreach_add_(spares, bufs)
+        return spares
 
     def flush_into(self, name: str, grad: torch.Tensor) -> None:
         """For a layer sent dense as a whole: grad += residual in place, residual ← 0.
@@ -184,8 +208,12 @@ class ResidualMemory:
             value = value.detach()
             target = like.get(name)
             if target is not None:
-                value = value.to(device=target.device, dtype=self.dtype_for(target.dtype))
-            self._buffers[name] = value.clone().reshape(-1)
+                # One copy, straight onto the parameter's device (a GPU's from a CPU copy).
+                value = value.to(device=target.device, dtype=self.dtype_for(target.dtype),
+                                 copy=True)
+            else:
+                value = value.clone()
+            self._buffers[name] = value.reshape(-1)
             self._shapes[name] = value.shape
 
     def to(self, device) -> "ResidualMemory":
@@ -194,3 +222,34 @@ class ResidualMemory:
         self._spares.clear()          # made again, on the new device, when next needed
         self._undo.clear()
         return self
+
+
+def follow_devices(state, like: Mapping[str, torch.Tensor]):
+    """A copy of ``state`` (nested dicts, lists and tuples, as state dicts are) whose
+    tensors stored under a key of ``like`` (a layer name), at any depth below it, are moved
+    to the device of ``like[key]``; dtypes, other tensors and other values are kept.
+
+    What lets a controller's or a compressor's state (Accordion's accumulators,
+    PowerSGD's Q) saved on a GPU resume on a CPU, or one read with
+    ``map_location="cpu"`` resume on a GPU: each per-layer tensor goes where its
+    parameter is, once at load time, not at its first use in a step.
+
+    >>> follow_devices({"q": {"fc.weight": torch.ones(2)}, "seed": 0},
+    ...                {"fc.weight": torch.zeros(1)})["q"]["fc.weight"].device.type
+    'cpu'
+    """
+    return _follow(state, like, None)
+
+
+def _follow(obj, like: Mapping[str, torch.Tensor], device):
+    if isinstance(obj, torch.Tensor):
+        return obj if device is None or obj.device == device else obj.to(device)
+    if isinstance(obj, dict):
+        out = {}
+        for key, value in obj.items():
+            target = like.get(key) if isinstance(key, str) else None
+            out[key] = _follow(value, like, device if target is None else target.device)
+        return out
+    if isinstance(obj, (list, tuple)) and type(obj) in (list, tuple):
+        return type(obj)(_follow(v, like, device) for v in obj)
+    return obj

@@ -109,7 +109,7 @@ class TorchDistComm(Comm):
             mine = torch.tensor([buffer.numel()], dtype=torch.int64, device=self._wire_device)
             gathered = [torch.zeros_like(mine) for _ in range(self._size)]
             dist.all_gather(gathered, mine, group=self.group)
-            sizes = [int(s.item()) for s in gathered]
+            sizes = torch.cat(gathered).tolist()   # one copy to the host (nccl), not one per rank
         longest = max(sizes)
         if longest == 0:
             return Done(torch.zeros(0, dtype=torch.uint8, device=buffer.device))

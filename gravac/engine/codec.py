@@ -95,10 +95,16 @@ class SparseCodec:
         header = torch.tensor([MAGIC, chunk_bytes, _WIRE_DTYPES.index(self.wire_dtype),
                                len(self.layers), *counts], dtype=torch.int64)
         buffer = torch.empty(chunk_bytes, dtype=torch.uint8, device=self.device)
-        buffer[:header_bytes].copy_(_as_bytes(header))
+        # The header is made on the host (the counts are host ints); to a GPU it goes
+        # without a device sync (a blocking host-to-device copy waits for the stream's
+        # queued kernels first; from pageable memory this one is staged at once, so the
+        # temporary may go right after).
+        buffer[:header_bytes].copy_(_as_bytes(header), non_blocking=True)
         if total:
-            values = torch.cat([v.reshape(-1).to(self.wire_dtype) for v, _ in selections])
-            indices = torch.cat([i.reshape(-1).to(self.index_dtype) for _, i in selections])
+            # Concatenated first, converted once: a conversion per layer is a launch per
+            # layer on a GPU (161 for ResNet-101), and most are no conversion at all.
+            values = _cat_as([v for v, _ in selections], self.device, self.wire_dtype)
+            indices = _cat_as([i for _, i in selections], self.device, self.index_dtype)
             buffer[header_bytes:header_bytes + total * wire_size].copy_(_as_bytes(values))
             start = header_bytes + values_bytes
             buffer[start:start + total * index_size].copy_(_as_bytes(indices))
@@ -106,8 +112,13 @@ class SparseCodec:
         return buffer, ctx
 
     # -- unpacking ----------------------------------------------------------------------
-    def unpack(self, gathered: torch.Tensor, ctx: PackContext):
-        """Yield (counts, values, indices) of each rank's chunk, in rank order."""
+    def unpack(self, gathered: torch.Tensor, ctx: PackContext, chunks: int | None = None):
+        """Yield (counts, values, indices) of each rank's chunk, in rank order.
+
+        Each chunk's header is read on the host (its counts say where the next chunk
+        starts): on a GPU a device-to-host copy, a sync, per chunk. ``chunks``: the
+        number of chunks when the caller knows they all have one size (an exact-count
+        compressor: ``same_size``); their headers then come over in one copy."""
         if gathered.dtype != torch.uint8 or gathered.dim() != 1:
             raise ValueError("gathered buffer must be a 1-D uint8 tensor")
         wire_size = torch.tensor([], dtype=ctx.wire_dtype).element_size()
@@ -115,10 +126,16 @@ class SparseCodec:
         n_layers = len(ctx.layers)
         header_bytes = 8 * (_HEADER_FIELDS + n_layers)
         pos, end = 0, gathered.numel()
+        headers = _equal_chunk_headers(gathered, header_bytes, chunks)
         while pos < end:
-            header = gathered[pos:pos + header_bytes].cpu().view(torch.int64).tolist()
+            if headers:
+                header = headers.pop(0)
+            else:
+                header = gathered[pos:pos + header_bytes].cpu().view(torch.int64).tolist()
             magic, chunk_bytes, dtype_code, layers_in_chunk = header[:_HEADER_FIELDS]
-            if magic != MAGIC or layers_in_chunk != n_layers or _WIRE_DTYPES[dtype_code] != ctx.wire_dtype:
+            if magic != MAGIC or layers_in_chunk != n_layers or chunk_bytes < header_bytes \
+                    or not 0 <= dtype_code < len(_WIRE_DTYPES) \
+                    or _WIRE_DTYPES[dtype_code] != ctx.wire_dtype:
                 raise RuntimeError(
                     f"corrupt or mismatched sparse buffer at byte {pos}: ranks packed different "
                     f"layer sets (got {layers_in_chunk} layers, expected {n_layers}) or formats")
@@ -132,20 +149,22 @@ class SparseCodec:
             pos += chunk_bytes
 
     def aggregate(self, gathered: torch.Tensor, ctx: PackContext, world_size: int,
-                  accumulate_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+                  accumulate_dtype: torch.dtype = torch.float32,
+                  same_size: bool = False) -> torch.Tensor:
         """Sum every rank's values into one flat buffer over all layers, divide by ranks.
 
         Duplicate indices (different ranks picking the same entry) are summed. Returns a
         flat tensor of ``self.total_numel`` elements; ``split`` cuts it per layer.
         """
         out = torch.zeros(self.total_numel, dtype=accumulate_dtype, device=ctx.device)
-        self.aggregate_into(gathered, ctx, world_size, self.split(out, ctx))
+        self.aggregate_into(gathered, ctx, world_size, self.split(out, ctx), same_size)
         return out
 
     def aggregate_into(self, gathered: torch.Tensor, ctx: PackContext, world_size: int,
-                       outs: Sequence[torch.Tensor]) -> None:
+                       outs: Sequence[torch.Tensor], same_size: bool = False) -> None:
         """Write each layer's average over ranks into ``outs`` (one flat tensor per layer,
-        e.g. the gradients' views; overwritten).
+        e.g. the gradients' views; overwritten). ``same_size``: every rank's chunk has
+        one size (``Comm.allgather_bytes``' promise), so the headers are read at once.
 
         Values are summed in the output's dtype when it is float32 or float64 (an entry
         picked by several ranks is summed, then divided), in float32 for fp16/bf16
@@ -156,13 +175,17 @@ class SparseCodec:
             raise ValueError(f"expected {len(self.layers)} output tensors, got {len(outs)}")
         per_layer: list[tuple[list, list]] = [([], []) for _ in self.layers]
         chunks = 0
-        for counts, values, indices in self.unpack(gathered, ctx):
+        for counts, values, indices in self.unpack(gathered, ctx,
+                                                   world_size if same_size else None):
             chunks += 1
             for (vals, idxs), v, i in zip(per_layer, values.split(counts), indices.split(counts)):
                 vals.append(v)
                 idxs.append(i)
         if chunks != world_size:
             raise RuntimeError(f"sparse allgather returned {chunks} chunks for {world_size} ranks")
+        if _flat_ok(outs):
+            self._aggregate_flat(outs, per_layer, world_size)
+            return
         for out, (vals, idxs) in zip(outs, per_layer):
             exact = out.dtype in (torch.float32, torch.float64)
             acc = out if exact else torch.zeros(out.numel(), dtype=torch.float32, device=out.device)
@@ -177,9 +200,76 @@ class SparseCodec:
             if not exact:
                 out.copy_(acc)
 
+    def _aggregate_flat(self, outs: Sequence[torch.Tensor], per_layer: list[tuple[list, list]],
+                        world_size: int) -> None:
+        """``aggregate_into`` for outputs on a GPU: every layer summed into one flat
+        buffer by one ``index_add_`` (each index shifted by its layer's offset), divided
+        there, and copied into the outputs by one multi-tensor copy: a few launches per
+        step instead of two or three per layer (ResNet-101 spent 7 ms a step on an H200
+        launching them). The same sums: an entry gets the same values added."""
+        out0 = outs[0]
+        flat = torch.zeros(self.total_numel, dtype=out0.dtype, device=out0.device)
+        counts = [sum(int(i.numel()) for i in idxs) for _, idxs in per_layer]
+        if sum(counts):
+            values = torch.cat([v for vals, _ in per_layer for v in vals]).to(flat.dtype)
+            local = torch.cat([i for _, idxs in per_layer for i in idxs]).to(torch.int64)
+            shift = torch.tensor([self.offsets[j] for j in range(len(per_layer))],
+                                 dtype=torch.int64).to(flat.device, non_blocking=True)
+            count_t = torch.tensor(counts, dtype=torch.int64).to(flat.device, non_blocking=True)
+            index = local + shift.repeat_interleave(count_t, output_size=local.numel())
+            flat.index_add_(0, index, values)
+            if world_size > 1:
+                _divide_sent(flat, index, world_size)
+        torch._foreach_copy_(list(outs), [flat[self.offsets[j]:self.offsets[j + 1]]
+                                          for j in range(len(outs))])
+
     def split(self, flat: torch.Tensor, ctx: PackContext) -> list[torch.Tensor]:
         """Views of ``flat`` for each layer, in order."""
         return [flat[self.offsets[i]:self.offsets[i + 1]] for i in range(len(ctx.layers))]
+
+
+def _cat_as(tensors: Sequence[torch.Tensor], device: torch.device,
+            dtype: torch.dtype) -> torch.Tensor:
+    """The tensors flattened, concatenated, on ``device`` as ``dtype`` (converted once)."""
+    flat = torch.cat([t.reshape(-1) for t in tensors])
+    return flat if flat.device == device and flat.dtype == dtype else \
+        flat.to(device=device, dtype=dtype)
+
+
+#: The one-buffer unpack pays for zeroing and copying a buffer of every layer: on an H200
+#: it took ResNet-101's 161 layers from 4.4-5.1 ms to 1.8, but the LSTM's 10 (51M entries)
+#: from 0.4-0.5 ms to 1.3 (docs/BENCHMARKS.md §7c). From this many layers on it is taken.
+FLAT_MIN_LAYERS = 24
+
+
+def _flat_ok(outs: Sequence[torch.Tensor]) -> bool:
+    """Whether ``aggregate_into`` takes the one-buffer path: at least ``FLAT_MIN_LAYERS``
+    outputs on one GPU, all of one dtype that sums exactly (float32 or float64),
+    contiguous views (the CPU keeps its per-layer path: no launches to save, and one less
+    model-sized buffer)."""
+    if len(outs) < FLAT_MIN_LAYERS or outs[0].device.type == "cpu":
+        return False
+    kind = (outs[0].device, outs[0].dtype)
+    return kind[1] in (torch.float32, torch.float64) \
+        and all((o.device, o.dtype) == kind and o.is_contiguous() for o in outs)
+
+
+def _equal_chunk_headers(gathered: torch.Tensor, header_bytes: int,
+                         chunks: int | None) -> list[list[int]] | None:
+    """The headers of ``chunks`` equal chunks of ``gathered``, read in one copy to the host
+    (one device sync on a GPU, not one per chunk); None when the buffer is not that (the
+    caller then parses chunk by chunk, which reports what is wrong)."""
+    n = gathered.numel()
+    if not chunks or n % chunks or not gathered.is_contiguous():
+        return None
+    size = n // chunks
+    if size < header_bytes or size % 8:
+        return None
+    rows = gathered.view(chunks, size)[:, :header_bytes].cpu().contiguous()
+    headers = rows.view(torch.int64).tolist()
+    if any(h[1] != size for h in headers):
+        return None
+    return headers
 
 
 def _divide_sent(acc: torch.Tensor, index: torch.Tensor, world_size: int) -> None:

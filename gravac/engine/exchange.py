@@ -53,12 +53,13 @@ class PendingExchange:
     """Collectives in flight; ``wait()`` then ``unpack()`` writes the averaged gradients."""
 
     def __init__(self, exchange, sparse_layers, codec, ctx, gather, reductions, nbytes,
-                 flags=None):
+                 flags=None, same_size=False):
         self._exchange = exchange
         self._sparse_layers, self._codec, self._ctx = sparse_layers, codec, ctx
         self._gather, self._reductions = gather, reductions
         self.bytes_sent = nbytes
         self._flags = flags
+        self._same_size = same_size
 
     @property
     def carries_flags(self) -> bool:
@@ -83,8 +84,10 @@ class PendingExchange:
                     layer.param.grad.copy_(averaged)
         if self._gathered is None:
             return
+        # Equal chunks (same_size): their headers reach the host in one copy, not one per rank.
         self._codec.aggregate_into(self._gathered, self._ctx, self._exchange.comm.size,
-                                   [layer.param.grad.view(-1) for layer in self._sparse_layers])
+                                   [layer.param.grad.view(-1) for layer in self._sparse_layers],
+                                   same_size=self._same_size)
 
 
 class AllgatherExchange:
@@ -97,12 +100,15 @@ class AllgatherExchange:
         self._codecs: dict[tuple[str, ...], SparseCodec] = {}
 
     def _codec(self, layers: Sequence[Layer]) -> SparseCodec:
-        key = tuple(l.name for l in layers)
+        # The wire buffer is made on the gradients' device (a GPU's for nccl, or Horovod
+        # built with NCCL); keyed by it too, should the model move.
+        device = layers[0].param.device
+        key = (tuple(l.name for l in layers), device)
         codec = self._codecs.get(key)
         if codec is None:
             specs = [SparseLayer(l.name, l.numel, ResidualMemory.dtype_for(l.param.grad.dtype))
                      for l in layers]
-            codec = SparseCodec(specs, device=layers[0].param.device)
+            codec = SparseCodec(specs, device=device)
             self._codecs[key] = codec
         return codec
 
@@ -157,4 +163,4 @@ class AllgatherExchange:
             reductions.append((handle, layers, wire))
             nbytes += sum(w.numel() * w.element_size() for w in wire)
         return PendingExchange(self, sparse_layers, codec, ctx, gather, reductions, nbytes,
-                               carried)
+                               carried, same_size=same_size)

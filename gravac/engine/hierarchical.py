@@ -226,7 +226,10 @@ class HierarchicalStep:
         if hc.size == 1:
             return
         mine = [l.param.grad.reshape(-1).view(torch.uint8) for l in self.mine]
-        buffer = torch.cat(mine) if mine else torch.zeros(0, dtype=torch.uint8)
+        # An empty shard sends an empty buffer on the gradients' device all the same: the
+        # host's other ranks send theirs from there (Horovod wants one device for all).
+        buffer = torch.cat(mine) if mine else \
+            torch.zeros(0, dtype=torch.uint8, device=self.engine.device)
         gathered = hc.allgather_bytes(buffer, name=f"{self.engine.prefix}.host_share")
         clock.lap("t_wait_exchange", sync=True)
         pos = 0

@@ -226,9 +226,11 @@ class LowRankStep:
                 else:
                     rows.append(torch.stack([_sq(w.q_local), _sq(q_c),
                                              _sq(w.layer.param.grad)]).double().sqrt())
-            sums = torch.stack(rows).sum(0).cpu()
+            # Summed on the factors' device, moved to the host once: one sync per step.
+            device = rows[0].device
+            sums = torch.stack([r.to(device) for r in rows]).sum(0).cpu()
         else:
-            sums = torch.zeros(3, dtype=torch.float64)
+            sums = torch.zeros(3, dtype=torch.float64)      # (the host's, as the sums)
         clock.lap("t_norms", sync=True)
         sums = self.engine.comm.allreduce(sums, op="sum", name=f"{self.engine.prefix}.gains")
         clock.lap("t_wait_gains", sync=True)

@@ -21,6 +21,7 @@ import torch
 from .. import compressors as _compressors
 from ..comm import Comm
 from ..controllers import Controller, Static
+from ..memory import follow_devices
 from .exchange import DENSE_WIRE
 from .layers import build_layers
 from .overlap import BackwardOverlap
@@ -152,10 +153,13 @@ class DistributedOptimizerMixin:
         comp = self._engine.compressor
         if comp.is_lowrank:
             # A joining process has no Q (or an older one): rank 0's, moved on first use.
+            # (Pickled from the CPU: a GPU tensor would unpickle onto the sender's GPU.)
             state = comp.state_dict()
             state["q"] = {name: q.cpu() for name, q in state["q"].items()}
-            comp.load_state_dict(comm.broadcast_object(state if comm.rank == 0 else None,
-                                                       name=f"{self._prefix}.lowrank.q"))
+            state = comm.broadcast_object(state if comm.rank == 0 else None,
+                                          name=f"{self._prefix}.lowrank.q")
+            comp.load_state_dict(follow_devices(
+                state, {l.name: l.param for l in self._engine.layers}))
         self._last_step_end = None
         self._synchronized = False
         self._should_synchronize = True
@@ -232,8 +236,10 @@ class DistributedOptimizerMixin:
             # the step still counts.
             t0 = e.now()
             loss = super().step(closure)
-            stats.t_update = e.now() - t0
-        end = e.now()
+            end = e.now()                # (on a GPU, after the update's kernels finished)
+            stats.t_update = end - t0
+        else:
+            end = e.now()
         if not stats.skipped and self._last_step_end is not None:
             stats.t_iter = end - self._last_step_end
         self._last_step_end = end
@@ -252,6 +258,10 @@ class DistributedOptimizerMixin:
         return state
 
     def load_state_dict(self, state_dict):
+        """The wrapped optimizer's state (torch moves it onto the parameters' devices) and
+        gravac's: residuals, PowerSGD's Q and the controller's per-layer tensors also move
+        to their parameters' devices (and residuals to their dtypes), so a checkpoint
+        saved on a GPU resumes on a CPU, and one read with ``map_location="cpu"`` on a GPU."""
         state_dict = dict(state_dict)
         extra = state_dict.pop(STATE_KEY, None)
         super().load_state_dict(state_dict)
@@ -320,10 +330,23 @@ def broadcast_optimizer_state(optimizer, comm: Comm, root: int = 0) -> None:
     """
     state = optimizer.state_dict()
     state.pop(STATE_KEY, None)
-    shared = comm.broadcast_object(state if comm.rank == root else None,
+    # Pickled from the CPU: a GPU tensor would unpickle onto the root's GPU on every rank.
+    # load_state_dict moves the state onto each rank's parameters' devices.
+    shared = comm.broadcast_object(_to_cpu(state) if comm.rank == root else None,
                                    name="gravac.optimizer_state", root=root)
     if comm.rank != root:
         mine = optimizer.state_dict()
         if STATE_KEY in mine:
             shared[STATE_KEY] = mine[STATE_KEY]
         optimizer.load_state_dict(shared)
+
+
+def _to_cpu(obj):
+    """``obj`` (nested dicts, lists, tuples) with every tensor copied to the CPU."""
+    if isinstance(obj, torch.Tensor):
+        return obj.cpu()
+    if isinstance(obj, dict):
+        return {key: _to_cpu(value) for key, value in obj.items()}
+    if isinstance(obj, (list, tuple)) and type(obj) in (list, tuple):
+        return type(obj)(_to_cpu(v) for v in obj)
+    return obj

@@ -36,7 +36,6 @@ Example::
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -48,7 +47,7 @@ from .decision import checked_decision
 from .layers import Layer
 from .phases import PhaseClock
 from .record import StepStats
-from .selection import flagged_ranks, gain_row, has_nonfinite
+from .selection import flagged_ranks, gain_row, nonfinite_flag
 
 
 #: The first bucket closes at 1 MiB (or the cap, if smaller), as DDP's: the last layers'
@@ -92,7 +91,7 @@ class _StepState:
     sparse: list = field(default_factory=list)        # (layer, values sent)
     dense: list = field(default_factory=list)
     bytes_sent: int = 0
-    local_bad: bool = False
+    local_bad: bool | torch.Tensor = False            # on a GPU: a device flag, no sync
     flags_carrier: object = None                      # the exchange the flags ride in
     staged: dict | None = None                        # gradient copies for the controller
     t_hooks: float = 0.0
@@ -168,18 +167,22 @@ class BackwardOverlap:
         self._passes[layer.index] = passes
         if passes < self.backward_passes_per_step:
             return                      # accumulating: the last pass sends
-        t0 = time.perf_counter()
+        # What the hooks add to the phases is taken out of t_compute (backward's time) by
+        # synchronize: the phase time charged in this hook, not the hook's wall time, which
+        # on a GPU with exact phases would include waiting for backward's own kernels.
+        charged = 0.0 if self._state is None else self._state.clock.charged()
         state = self._begin()
         state.clock.resume()
         state.ready.add(layer.index)
         self._start_ready(state)
-        state.t_hooks += time.perf_counter() - t0
+        state.t_hooks += state.clock.charged() - charged
 
     def _begin(self) -> _StepState:
         if self._state is not None:
             return self._state
         step, lr_decayed = self.context()
         e = self.engine
+        e._refresh_devices()
         clock = PhaseClock(e.now, exact=not e._cuda or e.exact_phases)
         if lr_decayed:
             e.controller.on_lr_decay()
@@ -206,8 +209,9 @@ class BackwardOverlap:
         layers = self.buckets[b]
         for layer in layers:
             e.densify_grad(layer)
-        if has_nonfinite([l.param.grad for l in layers]):
-            state.local_bad = True
+        # On a GPU a device flag, or-ed over the buckets: no host sync in backward's hooks.
+        bad = nonfinite_flag([l.param.grad for l in layers])
+        state.local_bad = bad if state.local_bad is False else state.local_bad | bad
         clock.lap("t_check")
         if state.staged is not None:
             for layer in layers:

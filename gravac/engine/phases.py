@@ -27,6 +27,12 @@ waits in collectives (``WAIT_PHASES``, their sum is ``t_comm``)
 On CUDA a clock read would synchronise the device; by default only the phase
 boundaries that already synchronised do (``exact=False``), so the split between the
 local phases is where the host waited, not where the kernels ran; the totals stay exact.
+Those boundaries (``lap(..., sync=True)``) wait for the device before reading the clock,
+so a phase measured there ends when its kernels have finished, not when they were
+queued. With ``exact=False`` the clock starts on the host clock alone: the step's
+caller read the synchronised clock just before (``DistributedOptimizer.synchronize``),
+and with overlap the clock starts in backward's first hook, which must not wait for
+backward's kernels.
 ``benchmarks/step_profile.py`` prints these phases for a model and a CF.
 
 Example::
@@ -58,7 +64,7 @@ class PhaseClock:
     def __init__(self, synced_now: Callable[[], float], exact: bool = True):
         self._synced_now = synced_now
         self._exact = exact
-        self.start = self._last = synced_now()
+        self.start = self._last = synced_now() if exact else time.perf_counter()
         self.times = dict.fromkeys(PHASES, 0.0)
 
     def lap(self, phase: str, sync: bool = False) -> float:
@@ -72,6 +78,10 @@ class PhaseClock:
         """Restart the lap here without charging the time since the previous one (the
         overlapped step: the backward compute between two hooks is not a phase)."""
         self._last = self._synced_now() if self._exact else time.perf_counter()
+
+    def charged(self) -> float:
+        """Seconds charged to all phases so far."""
+        return sum(self.times.values())
 
     def local(self) -> float:
         return sum(self.times[p] for p in LOCAL_PHASES)

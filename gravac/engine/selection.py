@@ -63,6 +63,42 @@ def has_nonfinite(grads: list[torch.Tensor]) -> bool:
     return any(not bool(torch.isfinite(g).all()) for g in grads)
 
 
+def nonfinite_flag(grads: list[torch.Tensor]) -> bool | torch.Tensor:
+    """``has_nonfinite`` without a host sync for gradients on a GPU: there it returns a
+    0-dim bool tensor on the first gradient's device (True: some entry is NaN or Inf),
+    which ``StepEngine.flags`` turns into the flags without reading it, so the flag
+    reaches the host together with the gains (or the exchange) instead of stopping the
+    host once per step, or once per bucket in backward's hooks with overlap. Exact, like
+    ``has_nonfinite``: entry by entry (``isfinite``), never a sum that could overflow.
+    CPU gradients: ``has_nonfinite``'s bool, as always."""
+    if not grads or all(g.device.type == "cpu" for g in grads):
+        return has_nonfinite(grads)
+    device = grads[0].device
+    groups: dict[torch.device, list[torch.Tensor]] = {}
+    for g in grads:
+        groups.setdefault(g.device, []).append(g)
+    flags = [_device_nonfinite(group).to(device) for group in groups.values()]
+    return flags[0] if len(flags) == 1 else torch.stack(flags).any()
+
+
+def _device_nonfinite(grads: list[torch.Tensor]) -> torch.Tensor:
+    """A 0-dim bool tensor on the gradients' device: whether any entry is NaN or Inf.
+
+    One multi-tensor kernel for the whole list: torch's own check behind GradScaler
+    (``_amp_foreach_non_finite_check_and_unscale_``, here with a scale of exactly 1, which
+    leaves every value as it is). Per tensor, ``isfinite().all()`` costs two launches, and
+    ResNet-101's 314 gradients spent 11 ms of an H200 step launching them (docs/BENCHMARKS.md
+    §7). Where that operator is missing, the per-tensor check."""
+    device = grads[0].device
+    found = torch.zeros(1, dtype=torch.float32, device=device)
+    try:
+        torch._amp_foreach_non_finite_check_and_unscale_(
+            grads, found, torch.ones(1, dtype=torch.float32, device=device))
+    except (AttributeError, RuntimeError, NotImplementedError):
+        return torch.stack([torch.isfinite(g).all() for g in grads]).all().logical_not()
+    return found[0] > 0
+
+
 def flagged_ranks(flags: torch.Tensor) -> list[int]:
     """The ranks whose entry of a summed one-hot flag vector (``StepEngine.flags``) is set."""
     return [r for r, f in enumerate(flags.tolist()) if f > 0]
@@ -78,6 +114,32 @@ def gain_row(s: Selection, measure: str) -> torch.Tensor:
         return torch.stack([_sq_norm(s.val_min), _sq_norm(_val_c(s)),
                             _sq_norm(s.layer.param.grad)]).sqrt()
     raise ValueError(f"gain measure must be 'energy' or 'norm', got {measure!r}")
+
+
+def gain_rows(selections: list[Selection], measure: str) -> list[torch.Tensor]:
+    """``gain_row`` of every selection. On a GPU the norms of all layers come from three
+    multi-tensor kernels (``torch._foreach_norm``) instead of three dot products per layer
+    (ResNet-101: 8.9 ms of launches a step on an H200); squared for ``"energy"``, which
+    rounds differently from ``gain_row``'s dot product in the last bits. CPU: ``gain_row``."""
+    if not selections or selections[0].g_ef.device.type == "cpu" \
+            or measure not in ("energy", "norm"):
+        return [gain_row(s, measure) for s in selections]
+    third = [s.g_ef if measure == "energy" else s.layer.param.grad for s in selections]
+    columns = []
+    for tensors in ([s.val_min for s in selections], [_val_c(s) for s in selections], third):
+        tensors = [t.reshape(-1) for t in tensors]
+        kinds = {(t.dtype, t.device) for t in tensors}
+        if len(kinds) != 1:
+            return [gain_row(s, measure) for s in selections]
+        dtype = next(iter(kinds))[0]
+        wide = None if dtype in (torch.float32, torch.float64) else torch.float32
+        try:
+            norms = torch._foreach_norm(tensors, 2, dtype=wide)
+        except (AttributeError, RuntimeError, TypeError):
+            return [gain_row(s, measure) for s in selections]
+        columns.append(torch.stack(norms))
+    table = torch.stack(columns, dim=1)
+    return list((table.square() if measure == "energy" else table).unbind(0))
 
 
 def _sq_norm(t: torch.Tensor) -> torch.Tensor:

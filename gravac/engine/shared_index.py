@@ -155,16 +155,21 @@ class SharedIndexStep:
         buf = torch.zeros(total, dtype=dtype, device=device)
         if e.comm.rank == leader:
             pos = 2 * n_layers
+            # The counts are known on the host: written into the buffer with one copy at
+            # the end (an element written at a time is a host-to-device copy each on a GPU).
+            counts = [0] * (2 * n_layers)
             for i, ((layer, g_ef, cf), c, (high_min, high_c)) in enumerate(
                     zip(fed, with_candidate, slots)):
                 idx_min, idx_c = self._select(layer, g_ef, cf, theta_c if c else None, step)
-                buf[i] = idx_min.numel()
+                counts[i] = idx_min.numel()
                 buf[pos:pos + idx_min.numel()] = idx_min.to(dtype)
                 pos += high_min
                 if idx_c is not None:
-                    buf[n_layers + i] = idx_c.numel()
+                    counts[n_layers + i] = idx_c.numel()
                     buf[pos:pos + idx_c.numel()] = idx_c.to(dtype)
                 pos += high_c
+            if n_layers:
+                buf[:2 * n_layers] = torch.tensor(counts, dtype=dtype)
         clock.lap("t_select", sync=True)
         if total:
             buf = e.comm.allreduce(buf, op="sum", name=f"{e.prefix}.indices")

@@ -32,7 +32,7 @@ import torch
 from ..comm import Comm
 from ..compressors import Compressor, SelectContext, num_kept
 from ..controllers import SENT_CANDIDATE, SENT_DENSE, SENT_MIN, Controller, StepRecord
-from ..memory import ResidualMemory
+from ..memory import ResidualMemory, follow_devices
 from .agreement import check_agreement
 from .decision import checked_decision
 from .exchange import EXCHANGES, AllgatherExchange, check_exchange
@@ -42,22 +42,23 @@ from .lowrank import LowRankStep
 from .phases import PhaseClock
 from .record import SENT_SKIPPED, StepStats
 from .selection import (Selection, apply_decision, flagged_ranks, gain_row,  # noqa: F401
-                        has_nonfinite)
+                        gain_rows, has_nonfinite, nonfinite_flag)
 from .shared_index import SharedIndexStep
 
 class Decision(NamedTuple):
     """What ``StepEngine.decide`` agreed: the level sent (None on a skipped step), the
-    gains, the ranks with a NaN/Inf, and this rank's flag if still to agree."""
+    gains, the ranks with a NaN/Inf, and this rank's flag if still to agree (a bool, or a
+    0-dim bool tensor on a GPU: ``nonfinite_flag``)."""
 
     sent: str | None
     gain_min: float | None
     gain_c: float | None
     bad_ranks: list[int]
-    local_bad: bool | None
+    local_bad: bool | torch.Tensor | None
 
 
 __all__ = ["EXCHANGES", "StepEngine", "check_exchange", "flagged_ranks", "gain_row",
-           "has_nonfinite"]
+           "has_nonfinite", "nonfinite_flag"]
 
 
 class StepEngine:
@@ -99,7 +100,7 @@ class StepEngine:
         self.skipped_steps: list[dict] = []
         self._consecutive_skips = 0
         # CUDA kernels run asynchronously: time phases only after the device has finished.
-        self._cuda = any(l.param.is_cuda for l in layers)
+        self._refresh_devices()
         #: On CUDA, synchronise at every phase boundary for an exact split (costs a device
         #: sync per phase; ``benchmarks/step_profile.py`` turns it on). CPU: always exact.
         self.exact_phases = False
@@ -126,9 +127,28 @@ class StepEngine:
             self.overlap.reset()
         self.controller.rebind(self.compressed_layer_names, comm)
 
+    def _refresh_devices(self) -> None:
+        """Where the parameters live: ``device`` (the first layer's: small tensors made
+        for the step, e.g. the NaN/Inf flags, go there) and the CUDA devices that ``now``
+        waits for. Read again at every step: a model moved after the optimizer was built
+        moves its parameters' data, not the parameters (all of them: the first one tells,
+        a pass over every layer only when it moved)."""
+        first = self.layers[0].param.device if self.layers else torch.device("cpu")
+        if getattr(self, "device", None) == first:
+            return
+        devices = {l.param.device for l in self.layers}
+        self.device = first
+        self._cuda_devices = sorted((d for d in devices if d.type == "cuda"), key=str)
+
+    @property
+    def _cuda(self) -> bool:
+        return bool(self._cuda_devices)
+
     def now(self) -> float:
-        if self._cuda:
-            torch.cuda.synchronize()
+        """The clock, read after the parameters' CUDA devices finished their work (not
+        the current device's: a rank's model may live on another GPU than the current)."""
+        for device in self._cuda_devices:
+            torch.cuda.synchronize(device)
         return time.perf_counter()
 
     # -- the step -------------------------------------------------------------------------
@@ -138,6 +158,7 @@ class StepEngine:
         ``BackwardOverlap``), the buckets that backward's hooks started are finished."""
         if self.overlap is not None:
             return self.overlap.synchronize(t_compute)
+        self._refresh_devices()
         clock = PhaseClock(self.now, exact=not self._cuda or self.exact_phases)
         # A learning-rate decay must reach the controller before it plans the step that
         # uses the new rate.
@@ -151,8 +172,9 @@ class StepEngine:
         # exchange's dense group, or beside the exchange), so a step has no round of its
         # own for it. Residuals are updated into spare buffers and rolled back if a rank
         # had one. A controller that observes gradients (Accordion) must not see a skipped
-        # step's: it agrees first.
-        local_bad = has_nonfinite([l.param.grad for l in self.layers])
+        # step's: it agrees first. On a GPU the flag stays there (no host sync) until it
+        # travels with the gains or the exchange.
+        local_bad = nonfinite_flag([l.param.grad for l in self.layers])
         clock.lap("t_check")
         if self.controller.observes_gradients:   # the same on every rank
             bad_ranks = self._agree_flags(local_bad, clock)
@@ -294,15 +316,27 @@ class StepEngine:
 
     def feed_and_select_all(self, layers: list[Layer], plan, step: int,
                             clock: PhaseClock) -> tuple[list[Selection], list[Layer]]:
-        """``feed_and_select`` over ``layers``: (the selections, the layers that go dense:
-        not compressible, or planned dense)."""
-        selections, dense = [], []
+        """Error feedback of every compressible layer, then both levels' selection of
+        all of them together (``select_all``: a compressor may batch the layers):
+        (the selections, the layers that go dense: not compressible, or planned dense,
+        whose gradient then absorbed its residual)."""
+        dense, compressed = [], []
         for layer in layers:
-            sel = self.feed_and_select(layer, plan, step, clock) if layer.compressible else None
-            if sel is None:
+            if not layer.compressible:
+                dense.append(layer)
+                continue
+            cf = plan.cf_of(layer.name)
+            if cf <= 1:
+                self.memory.flush_into(layer.name, layer.param.grad)
                 dense.append(layer)
             else:
-                selections.append(sel)
+                compressed.append((layer, cf))
+        g_efs = self.memory.compensate_all([layer.name for layer, _ in compressed],
+                                           [layer.param.grad for layer, _ in compressed])
+        fed = [(layer, g_ef, cf) for (layer, cf), g_ef in zip(compressed, g_efs)]
+        clock.lap("t_feedback")
+        selections = self.select_all(fed, plan.theta_c, step)
+        clock.lap("t_select")
         return selections, dense
 
     def feed_and_select(self, layer: Layer, plan, step: int,
@@ -310,31 +344,38 @@ class StepEngine:
         """Error feedback and both levels' selection of one compressible layer at the
         plan's CF; None when the plan sends it dense (its gradient then absorbed the
         residual: free when that is zero, e.g. GraVAC settled on dense on a fast link)."""
-        cf = plan.cf_of(layer.name)
-        if cf <= 1:
-            self.memory.flush_into(layer.name, layer.param.grad)
-            clock.lap("t_feedback")
-            return None
-        g_ef = self.memory.compensate(layer.name, layer.param.grad)
-        clock.lap("t_feedback")
-        sel = self.select(layer, g_ef, cf, plan.theta_c, step)
-        clock.lap("t_select")
-        return sel
+        selections, _ = self.feed_and_select_all([layer], plan, step, clock)
+        return selections[0] if selections else None
 
     def select(self, layer: Layer, g_ef: torch.Tensor, cf: float, theta_c: float | None,
-                step: int) -> Selection:
+               step: int) -> Selection:
+        """Both levels of one layer (``select_all``)."""
+        return self.select_all([(layer, g_ef, cf)], theta_c, step)[0]
+
+    def select_all(self, fed: list[tuple[Layer, torch.Tensor, float]], theta_c: float | None,
+                   step: int) -> list[Selection]:
+        """Both levels of each (layer, g_ef, cf): the first keeps num_kept(n, cf) of g_ef,
+        the second (multi-level, where θc > cf) num_kept(n, θc) of those kept values.
+        Each level is one ``select_many`` over every layer."""
         rank = self.comm.rank
-        k_min = num_kept(layer.numel, cf)
-        idx_min = self.compressor.select(g_ef, k_min, SelectContext(step, layer.index, rank, 0))
-        val_min = g_ef.index_select(0, idx_min)      # advanced indexing: ~3-10x slower on CPU
-        sel = Selection(layer, g_ef, idx_min, val_min)
-        if theta_c is not None and theta_c > cf:
+        idx_min = self.compressor.select_many(
+            [g_ef for _, g_ef, _ in fed], [num_kept(layer.numel, cf) for layer, _, cf in fed],
+            [SelectContext(step, layer.index, rank, 0) for layer, _, _ in fed])
+        # index_select, not advanced indexing: ~3-10x slower on CPU
+        selections = [Selection(layer, g_ef, idx, g_ef.index_select(0, idx))
+                      for (layer, g_ef, _), idx in zip(fed, idx_min)]
+        second = [i for i, (_, _, cf) in enumerate(fed) if theta_c is not None and theta_c > cf]
+        if second:
             # Multi-level: the second pass sees the k_min kept values, not the n entries;
             # its k is the one a direct compression at θc would use.
-            k_c = num_kept(layer.numel, theta_c)
-            sub = self.compressor.select(val_min, k_c, SelectContext(step, layer.index, rank, 1))
-            sel.idx_c, sel.val_c = idx_min.index_select(0, sub), val_min.index_select(0, sub)
-        return sel
+            subs = self.compressor.select_many(
+                [selections[i].val_min for i in second],
+                [num_kept(fed[i][0].numel, theta_c) for i in second],
+                [SelectContext(step, fed[i][0].index, rank, 1) for i in second])
+            for i, sub in zip(second, subs):
+                sel = selections[i]
+                sel.idx_c, sel.val_c = sel.idx_min.index_select(0, sub), sel.val_min.index_select(0, sub)
+        return selections
 
     def _planned_level(self, plan, selections: list[Selection], clock: PhaseClock):
         """E7: (the level the plan decided, the gain rows to agree after the exchange has
@@ -345,12 +386,12 @@ class StepEngine:
         if sent == SENT_CANDIDATE and not candidate_planned:
             raise RuntimeError("controller decided the candidate but its plan has no "
                                "candidate CF above theta_min")
-        rows = [gain_row(s, plan.gain_measure) for s in selections]
+        rows = gain_rows(selections, plan.gain_measure)
         clock.lap("t_norms")
         return sent, rows, candidate_planned
 
     def decide(self, plan, selections: list[Selection], clock: PhaseClock,
-               local_bad: bool | None, has_layers: bool | None = None,
+               local_bad: bool | torch.Tensor | None, has_layers: bool | None = None,
                candidate_planned: bool | None = None,
                rows: list[torch.Tensor] | None = None) -> "Decision":
         """The step's decision, the same on every rank. With ``plan.needs_gains`` the gains
@@ -367,7 +408,7 @@ class StepEngine:
         gain_min = gain_c = None
         if plan.needs_gains:
             if rows is None:
-                rows = [gain_row(s, plan.gain_measure) for s in selections]
+                rows = gain_rows(selections, plan.gain_measure)
             gain_min, gain_c, bad_ranks = self.agree_gain_rows(rows, clock, local_bad)
             if bad_ranks:
                 self.memory.rollback_step()
@@ -381,20 +422,28 @@ class StepEngine:
         return Decision(sent, gain_min, gain_c, [], local_bad)
 
     def agree_gain_rows(self, rows: list[torch.Tensor], clock: PhaseClock | None = None,
-                         local_bad: bool | None = None):
+                         local_bad: bool | torch.Tensor | None = None):
         """Whole-model compression gains of both levels from per-layer rows (``gain_row``),
         summed over ranks with one tiny allreduce: (gain_min, gain_c, ranks with a NaN/Inf
         gradient). ``"energy"`` rows give Σ‖g_min‖²/Σ‖g_ef‖² and Σ‖g_c‖²/Σ‖g_ef‖²
         (Algorithm 1); ``"norm"`` rows Σ‖g_min‖/Σ‖g‖ and Σ‖g_c‖/Σ‖g‖ with the raw gradient g,
         as in the authors' code (it may exceed 1). ``local_bad`` (this rank's NaN/Inf flag,
-        None when already agreed) rides in the same allreduce."""
+        None when already agreed) rides in the same allreduce.
+
+        The rows are summed on the gradients' device, the flags appended there, and the
+        lot moved to the host at once: one device sync per step for the gains and the
+        flags, not one per layer. The allreduce itself runs on that CPU tensor (what every
+        transport takes; torch.distributed with nccl moves it to the GPU and back)."""
         if rows:
-            # Summed on the gradients' device and moved once: one sync, not one per layer.
-            sums = torch.stack(rows).double().sum(0).cpu()
+            device = rows[0].device
+            sums = torch.stack([r.to(device) for r in rows]).double().sum(0)
         else:
-            sums = torch.zeros(3, dtype=torch.float64)
+            device = local_bad.device if isinstance(local_bad, torch.Tensor) \
+                else torch.device("cpu")
+            sums = torch.zeros(3, dtype=torch.float64, device=device)
         if local_bad is not None:
-            sums = torch.cat([sums, self.flags(local_bad)])
+            sums = torch.cat([sums, self.flags(local_bad, device=device)])
+        sums = sums.cpu()
         if clock is not None:
             clock.lap("t_norms", sync=True)
         sums = self.comm.allreduce(sums, op="sum", name=f"{self.prefix}.gains")
@@ -406,15 +455,24 @@ class StepEngine:
             return 1.0, 1.0, bad_ranks
         return float(sums[0]) / total, float(sums[1]) / total, bad_ranks
 
-    def flags(self, local_bad: bool) -> torch.Tensor:
+    def flags(self, local_bad: bool | torch.Tensor,
+              device: torch.device | str | None = None) -> torch.Tensor:
         """One entry per rank, 1 at this rank's if its gradient has a NaN or Inf: summed
-        over ranks, the entries name the ranks that had one."""
-        flags = torch.zeros(self.comm.size, dtype=torch.float64)
-        if local_bad:
+        over ranks, the entries name the ranks that had one. ``local_bad``: a bool, or a
+        0-dim bool tensor (``nonfinite_flag`` on a GPU), written in without reading it
+        (no host sync). Made on ``device``; by default the flag's own (the CPU for a
+        bool), so flags from a GPU are reduced on the GPU, with the gradients."""
+        if device is None:
+            device = local_bad.device if isinstance(local_bad, torch.Tensor) \
+                else torch.device("cpu")
+        flags = torch.zeros(self.comm.size, dtype=torch.float64, device=device)
+        if isinstance(local_bad, torch.Tensor):
+            flags[self.comm.rank] = local_bad.to(device)
+        elif local_bad:
             flags[self.comm.rank] = 1.0
         return flags
 
-    def start_flags(self, local_bad: bool | None):
+    def start_flags(self, local_bad: bool | torch.Tensor | None):
         """The NaN/Inf flags' allreduce when the gains did not carry them (``local_bad``
         not None), started beside the exchange: one more tiny allreduce in its round."""
         if local_bad is None:
@@ -427,7 +485,7 @@ class StepEngine:
         """The ranks flagged by ``start_flags``' allreduce ([] when it was not needed)."""
         return flagged_ranks(handle.wait()) if handle is not None else []
 
-    def _agree_flags(self, local_bad: bool, clock: PhaseClock) -> list[int]:
+    def _agree_flags(self, local_bad: bool | torch.Tensor, clock: PhaseClock) -> list[int]:
         """Ranks whose gradient has a NaN or Inf this step, agreed by one tiny allreduce
         of their own (before anything else of the step)."""
         clock.lap("t_check", sync=True)
@@ -458,11 +516,13 @@ class StepEngine:
 
     def load_state_dict(self, state: dict) -> None:
         # Residuals follow their parameter's device and dtype: a checkpoint written on a
-        # CPU (or read with map_location="cpu") resumes on a GPU, and vice versa.
-        self.memory.load_state_dict(state["memory"],
-                                    like={l.name: l.param for l in self.layers})
-        self.controller.load_state_dict(state["controller"])
-        self.compressor.load_state_dict(state.get("compressor", {}))
+        # CPU (or read with map_location="cpu") resumes on a GPU, and vice versa. So do the
+        # per-layer tensors of the controller and the compressor (Accordion's
+        # accumulators, PowerSGD's Q): each moves to its parameter's device now.
+        like = {l.name: l.param for l in self.layers}
+        self.memory.load_state_dict(state["memory"], like=like)
+        self.controller.load_state_dict(follow_devices(state["controller"], like))
+        self.compressor.load_state_dict(follow_devices(state.get("compressor", {}), like))
 
 
 def _effective_cf(numel: int, kept: int) -> float:

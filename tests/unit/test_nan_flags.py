@@ -114,3 +114,23 @@ def test_two_ranks_flagged_at_once_are_both_named():
         opt.step()
         return opt.last_stats.nonfinite_ranks
     assert run_ranks(N, body) == [[0, 3]] * N
+
+
+def test_the_one_kernel_device_check_is_exact_and_leaves_the_gradients_alone():
+    """The GPU path's NaN/Inf check (torch's GradScaler kernel at a scale of exactly 1) on
+    CPU tensors: the right answer for NaN, +-Inf, huge finite values whose sum overflows,
+    and every value (subnormals, -0.0) bit for bit as it was."""
+    from gravac.engine.selection import _device_nonfinite
+
+    grads = [torch.randn(10), torch.randn(3, 4), torch.randn(5).half(), torch.randn(7).bfloat16()]
+    grads[0][0], grads[0][1], grads[1][0, 0] = 1e-42, -0.0, 3e38   # subnormal, -0, huge
+    grads[0][2] = 3e38
+    before = [g.clone() for g in grads]
+    assert not bool(_device_nonfinite(grads))
+    assert all(torch.equal(a, b) and a.dtype == b.dtype for a, b in zip(grads, before))
+    assert 0 < float(grads[0][0]) < 1.2e-38 and str(float(grads[0][1])) == "-0.0"
+    for where, value in (((1, (2, 3)), float("nan")), ((2, (4,)), float("inf")),
+                         ((3, (0,)), float("-inf"))):
+        bad = [g.clone() for g in before]
+        bad[where[0]][where[1]] = value
+        assert bool(_device_nonfinite(bad)), (where, value)
