@@ -3,8 +3,8 @@
 ``init(backend)`` starts the chosen one and returns the world's ``Comm``:
 
 * ``"horovod"``: ``hvd.init()`` (under ``horovodrun``);
-* ``"torch"``: ``torch.distributed.init_process_group`` with nccl when this process has a
-  GPU, else gloo (under ``torchrun``, which sets the rendezvous environment);
+* ``"torch"``: ``torch.distributed.init_process_group`` with nccl when this process trains
+  on a GPU (``gpu``), else gloo (under ``torchrun``, which sets the rendezvous environment);
 * ``"local"``: one process, no launcher;
 * ``"auto"``: what launched this process (``detect_backend``).
 
@@ -49,7 +49,7 @@ def detect_backend(environ: Mapping[str, str] | None = None) -> str:
 
 
 def init(backend: str = "auto", horovod_cycle_time_ms="auto",
-         horovod_wait: str = "auto", elastic: bool = False) -> Comm:
+         horovod_wait: str = "auto", elastic: bool = False, gpu: bool | None = None) -> Comm:
     """Start ``backend`` (see the module docstring) and return the world's ``Comm``.
 
     ``horovod_cycle_time_ms``: Horovod's background cycle (``horovod_cycle.py``): "auto"
@@ -59,7 +59,9 @@ def init(backend: str = "auto", horovod_cycle_time_ms="auto",
     "auto" sleeps where more ranks share a machine than it has cores (one collective, the
     ranks' host names, to find out; ``horovod.resolve_wait_mode``). ``elastic``: workers
     join a Horovod Elastic job at any time, so no collective may run here: "auto" counts
-    the ranks Horovod places on this host instead."""
+    the ranks Horovod places on this host instead. ``gpu``: whether this process trains on
+    a GPU (torch.distributed then runs nccl on the local rank's GPU, else gloo); None:
+    whenever one is visible."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     if backend == "auto":
@@ -95,7 +97,7 @@ def init(backend: str = "auto", horovod_cycle_time_ms="auto",
             raise RuntimeError("backend 'torch' needs a torchrun launch (torchrun "
                                "--nproc-per-node N ...) or MASTER_ADDR/MASTER_PORT/RANK/"
                                "WORLD_SIZE in the environment")
-        gpu = torch.cuda.is_available()
+        gpu = torch.cuda.is_available() if gpu is None else gpu
         if gpu:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
         dist.init_process_group("nccl" if gpu else "gloo")

@@ -41,12 +41,19 @@ def checkpoint_root(run_dir: str | Path) -> Path:
 
 
 def rng_state() -> dict:
-    return {"torch": torch.get_rng_state(), "python": random.getstate()}
+    """The generators a step draws from: torch's CPU one, Python's, and this rank's GPU's
+    (dropout on a GPU draws there) when CUDA is in use."""
+    cuda = torch.cuda.get_rng_state() if torch.cuda.is_initialized() else None
+    return {"torch": torch.get_rng_state(), "python": random.getstate(), "cuda": cuda}
 
 
 def set_rng_state(state: dict) -> None:
+    """Put back what ``rng_state`` saved; a GPU state only where a GPU is in use (a run
+    moved from GPU to CPU draws its dropout masks afresh)."""
     torch.set_rng_state(state["torch"])
     random.setstate(state["python"])
+    if state.get("cuda") is not None and torch.cuda.is_initialized():
+        torch.cuda.set_rng_state(state["cuda"])
 
 
 def save_checkpoint(run_dir, step: int, common: dict, rank_state: dict, comm,

@@ -39,6 +39,8 @@ OPTIMIZERS = ("sgd",)
 # auto: a tqdm bar on a terminal, else plain lines; always: the bar; plain: the lines
 PROGRESS = ("auto", "always", "plain", "never")
 HOROVOD_COMPRESSION = ("none", "fp16")
+#: ``run.device`` (gravac/train/device.py).
+DEVICES = ("auto", "cpu", "cuda")
 
 
 class ConfigError(ValueError):
@@ -92,6 +94,10 @@ class RunConfig:
     # Transport: "auto" (whichever launched this process: torchrun -> torch, else
     # horovod), "horovod" or "torch" (torch.distributed: gloo on CPU, nccl on GPU).
     backend: str = "auto"
+    # Where each rank trains (gravac/train/device.py): "cuda" (the GPU of the rank's local
+    # rank), "cpu", or "auto" (a GPU when this process sees one and the transport can move
+    # GPU tensors, else the CPU).
+    device: str = "auto"
     # --resume refuses config changes outside gravac/train/resume.py's MAY_CHANGE unless
     # named here (dotted keys or sections, e.g. [optimizer.lr]) or "all".
     resume_allow_changes: list[str] | str = field(default_factory=list)
@@ -429,6 +435,8 @@ def validate(cfg: Config) -> None:
     _require(not (r.elastic and r.backend in ("torch", "local")), "run.backend", r.backend,
              "cannot be combined with run.elastic=true: Horovod Elastic is Horovod-only; use "
              "run.backend=horovod (or auto under horovodrun) or drop run.elastic")
+
+    _require(r.device in DEVICES, "run.device", r.device, f"must be one of {', '.join(DEVICES)}")
 
     from ..models import MODEL_NAMES
     _require(cfg.model.name in MODEL_NAMES, "model.name", cfg.model.name,

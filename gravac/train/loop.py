@@ -33,6 +33,7 @@ from ..util.malloc import keep_freed_memory
 from ..util.atomic import atomic_write_text
 from .checkpoint import has_checkpoint, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from .config import Config, ConfigError, build_controller, dump_yaml, to_dict
+from .device import describe_device, rank_device, wants_gpu
 from .monitor import METRICS, RankPhaseLog, RunLogger, truncate_metrics
 from .resume import check_resume_config
 from .signals import Interrupted, StopSignal
@@ -192,7 +193,8 @@ class Trainer:
         torch.set_num_threads(cfg.run.threads or max(1, (os.cpu_count() or 1) // comm.local_size))
         torch.manual_seed(cfg.run.seed)
         random.seed(cfg.run.seed)
-        self.task = build_task(cfg, self.rank, self.world)
+        self.device = rank_device(cfg.run.device, comm)
+        self.task = build_task(cfg, self.rank, self.world).to(self.device)
         self.model = self.task.model
         self.opt = build_optimizer(cfg, self.model, comm, defer_agreement=elastic)
         self._implementation = _implementation_of(self.opt)
@@ -254,7 +256,8 @@ class Trainer:
         else:
             lines.append(f"dense Horovod allreduce (compression "
                          f"{cfg.compression.horovod_compression})")
-        line = f"transport {self.comm.backend}: {self.world} rank(s)"
+        line = (f"transport {self.comm.backend}: {self.world} rank(s); device "
+                f"{describe_device(self.device)}")
         if self.comm.backend == "horovod":
             from ..comm.horovod import wait_mode
             mode, why = wait_mode()
@@ -328,7 +331,8 @@ class Trainer:
             "model": self.cfg.model.name, "dataset": self.cfg.data.name,
             "batch_size": self.cfg.data.batch_size, "metric": self.task.metric,
             "total_steps": self.total_steps, "resumed": self.resumed,
-            "elastic": bool(self.cfg.run.elastic), "backend": self.comm.backend})
+            "elastic": bool(self.cfg.run.elastic), "backend": self.comm.backend,
+            "device": describe_device(self.device)})
         self.log.message(self.describe())
 
     def close_log(self) -> None:
@@ -546,7 +550,7 @@ def train(cfg: Config, resume: bool = False, dry_run: bool = False) -> dict:
         # at hvd.init().
         os.environ.setdefault("HOROVOD_DYNAMIC_PROCESS_SETS", "1")
     comm = init_comm(cfg.run.backend, cfg.run.horovod_cycle_time_ms, cfg.run.horovod_wait,
-                     elastic=cfg.run.elastic)
+                     elastic=cfg.run.elastic, gpu=wants_gpu(cfg.run.device))
     trainer = Trainer(cfg, comm, elastic=cfg.run.elastic)
     if dry_run:
         if trainer.rank == 0:

@@ -28,6 +28,7 @@ MAY_CHANGE = (
     "run.horovod_cycle_time_ms", "run.horovod_wait",
     "run.stall_timeout", "run.stop_check_interval",
     "run.elastic_commit_interval", "run.backend",        # the transport: same math
+    "run.device",                                        # CPU <-> GPU: the same experiment
     "run.resume_allow_changes",
     "data.root",                                         # the same data, moved
     "data.eval_batch_size",

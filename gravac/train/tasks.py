@@ -4,7 +4,8 @@
 synthetic images; top-1/top-5 accuracy) or a ``LanguageTask`` (PTB, synthetic text;
 perplexity). Both expose the same small surface, so the training loop does not care:
 
-    task.model, task.metric, task.steps_per_epoch
+    task.model, task.metric, task.steps_per_epoch, task.device
+    task.to(device)                     -> the model and every batch from now on on device
     task.batches(epoch, start_batch)    -> iterator of (inputs, targets) for this rank
     task.loss(batch)                    -> training loss (LM: carries the hidden state)
     task.evaluate(max_batches, comm)    -> {"loss": ..., "top1"/"perplexity": ...}; collective
@@ -21,6 +22,7 @@ import torch.nn.functional as F
 
 from .. import data as D
 from .config import Config, ConfigError
+from .device import to_device
 from ..models import build_model, detach_hidden
 
 DATA_OPTIONS = {
@@ -115,8 +117,16 @@ class ImageTask:
         elif cfg.model.name in ("resnet18", "resnet50", "resnet101", "vgg16"):
             defaults.update(in_channels=channels)
         self.model = _model(cfg, **defaults)
+        self.device = torch.device("cpu")
         self.batch_size = cfg.data.batch_size
         self._shard(rank, world_size)
+
+    def to(self, device: torch.device) -> "ImageTask":
+        """Train and evaluate on ``device``: the data stay in host memory (augmented there,
+        as a data loader would) and each batch is copied over."""
+        self.model.to(device)
+        self.device = device
+        return self
 
     def _shard(self, rank: int, world_size: int) -> None:
         self.rank, self.world_size = rank, world_size
@@ -145,8 +155,9 @@ class ImageTask:
     def batches(self, epoch: int, start_batch: int = 0):
         self.sampler.set_epoch(epoch)
         self.sampler.set_start(start_batch * self.batch_size)
-        return iter(D.TensorBatches(self.train_x, self.train_y, self.batch_size, self.sampler,
-                                    transform=self.train_transform, drop_last=True))
+        batches = D.TensorBatches(self.train_x, self.train_y, self.batch_size, self.sampler,
+                                  transform=self.train_transform, drop_last=True)
+        return (to_device(batch, self.device) for batch in batches)
 
     def loss(self, batch) -> torch.Tensor:
         x, y = batch
@@ -168,6 +179,7 @@ class ImageTask:
             x, y = self.test_x[sel], self.test_y[sel]
             if self.eval_transform is not None:
                 x = self.eval_transform(x)
+            x, y = to_device((x, y), self.device)
             logits = self.model(x)
             loss_sum += float(F.cross_entropy(logits, y, reduction="sum"))
             top = logits.topk(min(5, self.num_classes), dim=1).indices
@@ -230,6 +242,7 @@ class LanguageTask:
             train, valid = tokens[:opts["num_tokens"]], tokens[opts["num_tokens"]:]
         self.vocab_size = vocab
         self.model = _model(cfg, vocab_size=vocab)
+        self.device = torch.device("cpu")
         self.bptt = cfg.data.bptt
         self.batch_size = cfg.data.batch_size
         self._train_tokens, self._valid_tokens = train, valid
@@ -246,6 +259,14 @@ class LanguageTask:
             raise ConfigError(f"data.batch_size={self.batch_size}: too large for this rank's "
                               f"share of {len(self._train_tokens)} training tokens")
         self.hidden = None
+
+    def to(self, device: torch.device) -> "LanguageTask":
+        """Train and evaluate on ``device``; each batch of token ids is copied over."""
+        self.model.to(device)
+        self.device = device
+        if self.hidden is not None:
+            self.hidden = tuple(h.to(device) for h in self.hidden)
+        return self
 
     def steps_for(self, world_size: int) -> int:
         """Steps per epoch with ``world_size`` ranks (as ``shard_tokens`` + ``batchify`` cut)."""
@@ -266,7 +287,7 @@ class LanguageTask:
         if start_batch == 0:
             self.hidden = None   # a new pass over the text starts from a zero state
         for i in range(start_batch * self.bptt, self.train_data.size(0) - 1, self.bptt):
-            yield D.get_bptt_batch(self.train_data, i, self.bptt)
+            yield to_device(D.get_bptt_batch(self.train_data, i, self.bptt), self.device)
 
     def loss(self, batch) -> torch.Tensor:
         inputs, targets = batch
@@ -283,7 +304,8 @@ class LanguageTask:
         for b, i in enumerate(range(0, self.valid_data.size(0) - 1, self.bptt)):
             if max_batches is not None and b >= max_batches:
                 break
-            inputs, targets = D.get_bptt_batch(self.valid_data, i, self.bptt)
+            inputs, targets = to_device(D.get_bptt_batch(self.valid_data, i, self.bptt),
+                                        self.device)
             logits, hidden = self.model(inputs, hidden)
             loss_sum += float(F.cross_entropy(logits, targets, reduction="sum"))
             count += targets.numel()
@@ -297,7 +319,8 @@ class LanguageTask:
 
     def load_state_dict(self, state: dict) -> None:
         hidden = state.get("hidden")
-        self.hidden = None if hidden is None else tuple(hidden)
+        # A checkpoint loads into host memory (map_location="cpu"): back onto the model's device.
+        self.hidden = None if hidden is None else tuple(h.to(self.device) for h in hidden)
 
 
 def build_task(cfg: Config, rank: int, world_size: int):
