@@ -1,0 +1,201 @@
+"""One GPU's training step, broken down: forward + backward, compression, update.
+
+For each model at the paper's batch size and each method, trains ``--steps`` steps in one
+process (gravac's optimizer over the local transport: the whole compression path runs,
+nothing travels) and prints medians after ``--warmup`` steps:
+
+  forward+backward | compression (the engine's local phases: error feedback, both
+  levels' selection, norms, residual, pack, unpack) | the rest of opt.step() (update,
+  bookkeeping) | step | compression / step
+
+with the engine's exact phase split (a device sync at each phase boundary, as
+``exact_phases`` does; the syncs cost a few microseconds each). Methods: ``plain`` (torch
+SGD, no gravac), ``dense`` (gravac's optimizer, compressor none), ``topk10`` (static Top-k
+at θmin 10x) and ``gravac10`` (GraVAC, θmin 10x with its 20x candidate: two levels and the
+gains every step); ``topk10_per_layer`` / ``gravac10_per_layer``: the same without Top-k's
+batched selection of the layers (``batch_layers=False``: one ``torch.topk`` per layer).
+Issue 15's target: compression < 15% of the step at θmin 10x.
+
+Models (``--models``): ``resnet101`` (CIFAR-10 images, batch 32), ``lstm`` (2 layers,
+1500 units, tied weights, PTB's 10,000 words, batch 20, bptt 35) and ``resnet101_b128``
+/ ``lstm_b80`` (4x the batch: the compression cost stays, the compute grows).
+
+    python benchmarks/gpu_step.py [--device cuda] [--models resnet101 lstm]
+        [--methods plain dense topk10 gravac10] [--steps 30] [--warmup 10] [--json OUT]
+
+Runs on CPU too (``--device cpu --small``: tiny models, for the tests).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from gravac.comm import LocalComm  # noqa: E402
+from gravac.controllers import GraVAC, Static  # noqa: E402
+from gravac.engine import wrap_optimizer  # noqa: E402
+from gravac.engine.phases import LOCAL_PHASES  # noqa: E402
+from gravac.models import build_model  # noqa: E402
+
+#: name -> (model, options, batch, kind); kind "image" (3x32x32, 10 classes) or "lm" (bptt 35)
+MODELS = {
+    "resnet101": ("resnet101", {"num_classes": 10, "in_channels": 3}, 32, "image"),
+    "resnet101_b128": ("resnet101", {"num_classes": 10, "in_channels": 3}, 128, "image"),
+    "lstm": ("lstm", {"vocab_size": 10_000, "embedding_dim": 1500, "hidden_dim": 1500,
+                      "num_layers": 2, "dropout": 0.65, "tie_weights": True}, 20, "lm"),
+    "lstm_b80": ("lstm", {"vocab_size": 10_000, "embedding_dim": 1500, "hidden_dim": 1500,
+                          "num_layers": 2, "dropout": 0.65, "tie_weights": True}, 80, "lm"),
+}
+#: --small: the same shapes of work, small enough for a CPU test.
+SMALL = {
+    "resnet101": ("resnet18", {"num_classes": 10, "in_channels": 3}, 4, "image"),
+    "lstm": ("lstm", {"vocab_size": 500, "embedding_dim": 32, "hidden_dim": 32,
+                      "num_layers": 2, "dropout": 0.0, "tie_weights": True}, 4, "lm"),
+}
+METHODS = ("plain", "dense", "topk10", "gravac10", "topk10_per_layer", "gravac10_per_layer")
+BPTT = 35
+
+
+def _optimizer(method: str, model: torch.nn.Module):
+    sgd = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    if method == "plain":
+        return sgd
+    if method == "dense":
+        return wrap_optimizer(sgd, model.named_parameters(), LocalComm(), compressor="none")
+    controller = (Static(cf=10) if method.startswith("topk10") else
+                  GraVAC(theta_min=10, theta_max=1000, window=10_000))
+    # "_per_layer": Top-k's select_many without batching the layers (one torch.topk each)
+    options = {"batch_layers": not method.endswith("_per_layer")}
+    opt = wrap_optimizer(sgd, model.named_parameters(), LocalComm(), compressor="topk",
+                         compressor_options=options, controller=controller)
+    opt._engine.exact_phases = True    # a device sync per phase boundary: the exact split
+    return opt
+
+
+def _batches(kind: str, batch: int, device, vocab: int, count: int = 4):
+    """A few fixed batches of random data (never zeros), cycled."""
+    g = torch.Generator().manual_seed(0)
+    out = []
+    for _ in range(count):
+        if kind == "image":
+            x = torch.randn(batch, 3, 32, 32, generator=g)
+            y = torch.randint(0, 10, (batch,), generator=g)
+        else:
+            x = torch.randint(0, vocab, (BPTT, batch), generator=g)
+            y = torch.randint(0, vocab, (BPTT * batch,), generator=g)
+        out.append((x.to(device), y.to(device)))
+    return out
+
+
+def _sync(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure(model_name: str, method: str, device, steps: int, warmup: int,
+            small: bool = False) -> dict:
+    """Median milliseconds of each part of the step for one model and method."""
+    name, options, batch, kind = (SMALL if small else MODELS)[model_name]
+    torch.manual_seed(0)
+    model = build_model(name, **options).to(device)
+    opt = _optimizer(method, model)
+    batches = _batches(kind, batch, device, options.get("vocab_size", 0))
+    rows = []
+    for i in range(warmup + steps):
+        x, y = batches[i % len(batches)]
+        _sync(device)
+        t0 = time.perf_counter()
+        opt.zero_grad()
+        if kind == "image":
+            loss = F.cross_entropy(model(x), y)
+        else:
+            logits, _ = model(x)
+            loss = F.cross_entropy(logits, y)
+        loss.backward()
+        _sync(device)
+        t1 = time.perf_counter()
+        opt.step()
+        _sync(device)
+        t2 = time.perf_counter()
+        if i < warmup:
+            continue
+        stats = getattr(opt, "last_stats", None)
+        compress = stats.t_compress if stats is not None and stats.t_compress is not None else 0.0
+        rows.append({"fwd_bwd": t1 - t0, "opt_step": t2 - t1, "compress": compress,
+                     "step": t2 - t0, "sent": None if stats is None else stats.sent,
+                     "cf": None if stats is None else stats.cf,
+                     **{p: (getattr(stats, p) or 0.0) if stats is not None else 0.0
+                        for p in LOCAL_PHASES}})
+    med = {k: statistics.median(r[k] for r in rows) * 1e3
+           for k in ("fwd_bwd", "opt_step", "compress", "step", *LOCAL_PHASES)}
+    med["rest"] = med["opt_step"] - med["compress"]
+    med["share"] = med["compress"] / med["step"]
+    med["params"] = sum(p.numel() for p in model.parameters())
+    med["batch"] = batch
+    med["sent"] = sorted({r["sent"] for r in rows if r["sent"]})
+    return med
+
+
+def table(results: dict, device_name: str) -> str:
+    lines = [f"device: {device_name}; torch {torch.__version__}; medians (ms)", "",
+             "| model | batch | params | method | sent | fwd+bwd | compression | rest of opt.step | "
+             "step | compression / step | selection | feedback | norms | residual | pack+unpack |",
+             "|---|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for (model, method), m in results.items():
+        target = ""
+        if method != "plain" and method != "dense":
+            target = " (< 15%: " + ("met" if m["share"] < 0.15 else "MISSED") + ")"
+        lines.append(
+            f"| {model} | {m['batch']} | {m['params'] / 1e6:.1f}M | {method} | "
+            f"{'/'.join(m['sent']) or '-'} | {m['fwd_bwd']:.2f} | "
+            f"{m['compress']:.2f} | {m['rest']:.2f} | {m['step']:.2f} | "
+            f"{100 * m['share']:.1f}%{target} | {m['t_select']:.2f} | {m['t_feedback']:.2f} | "
+            f"{m['t_norms']:.2f} | {m['t_residual']:.2f} | {m['t_pack'] + m['t_unpack']:.2f} |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--models", nargs="+", default=["resnet101", "lstm"],
+                        choices=list(MODELS))
+    parser.add_argument("--methods", nargs="+", default=list(METHODS[:4]), choices=METHODS)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--small", action="store_true", help="tiny models (CPU tests)")
+    parser.add_argument("--json", type=Path, help="write every median here")
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("gpu_step.py: --device cuda, but this process sees no CUDA GPU; use --device cpu "
+              "--small to try it on a CPU", file=sys.stderr)
+        return 2
+    if args.small and any(m not in SMALL for m in args.models):
+        print(f"gpu_step.py: --small knows {', '.join(SMALL)} only", file=sys.stderr)
+        return 2
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    results = {}
+    for model in args.models:
+        for method in args.methods:
+            results[(model, method)] = measure(model, method, device, args.steps, args.warmup,
+                                               args.small)
+            m = results[(model, method)]
+            print(f"{model} {method}: step {m['step']:.2f} ms, compression {m['compress']:.2f} ms "
+                  f"({100 * m['share']:.1f}%)", flush=True)
+    print(table(results, name))
+    if args.json:
+        args.json.write_text(json.dumps({"device": name, "torch": torch.__version__,
+                                         "results": [{"model": k[0], "method": k[1], **v}
+                                                     for k, v in results.items()]}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
