@@ -24,6 +24,8 @@ from gravac.compressors.blockscan import at_least, count_true, passing_indices, 
 from gravac.compressors.powersgd import PowerSGD, orthogonalize_
 from gravac.compressors.topk import TopK
 
+from cuda_sync import is_sync_warning
+
 REPO = Path(__file__).resolve().parents[2]
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(
@@ -319,7 +321,7 @@ def _syncs(fn):
             fn()
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    return sum("synchroniz" in str(w.message) for w in caught)
+    return sum(is_sync_warning(w) for w in caught)
 
 
 @needs_cuda

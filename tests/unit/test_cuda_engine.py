@@ -32,6 +32,8 @@ from gravac.engine.optimizer import _to_cpu, wrap_optimizer
 from gravac.engine.phases import PhaseClock
 from gravac.engine.selection import has_nonfinite, nonfinite_flag
 from gravac.memory import ResidualMemory, follow_devices
+
+from cuda_sync import is_sync_warning
 from thread_comm import run_ranks
 
 CUDA = torch.cuda.is_available()
@@ -381,7 +383,7 @@ def _sync_sites(variant: str, hidden: int, steps: int = 3) -> list[list[str]]:
             finally:
                 torch.cuda.set_sync_debug_mode("default")
         per_step.append(sorted(f"{w.filename.rsplit('gravac/', 1)[-1]}:{w.lineno}"
-                               for w in caught if "synchroniz" in str(w.message)))
+                               for w in caught if is_sync_warning(w)))
     return per_step
 
 
