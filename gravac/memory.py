@@ -96,8 +96,8 @@ class ResidualMemory:
         into the spares, add the residuals) instead of one launch per layer: the same
         sums, g + r = r + g."""
         kinds = {(g.device, g.dtype) for g in grads}
-        if batched is None:
-            batched = bool(grads) and grads[0].device.type != "cpu"
+        if batched is None:      # (one gradient: compensate's one launch is fewer)
+            batched = len(grads) > 1 and grads[0].device.type != "cpu"
         if not batched or len(kinds) != 1 or self.dtype_for(grads[0].dtype) != grads[0].dtype:
             return [self.compensate(n, g) for n, g in zip(names, grads)]
         bufs = [self._buffer(n, g) for n, g in zip(names, grads)]
