@@ -9,7 +9,7 @@ handled in the same kernels:
 1. |x| of every layer in one flat buffer (one ``cat``);
 2. a threshold per layer from a sample of S entries per layer (one batched draw, one
    row-wise sort of an L x S matrix), taken at the rank that leaves at least k_l entries
-   at or above it except with probability ~3e-5 (``TopK._sample_rank``);
+   at or above it except with probability ~3e-5 (``sample_rank``);
 3. the candidates: entries at or above their layer's threshold (one comparison against
    the thresholds spread over the layers, one ``nonzero``: the first host sync);
 4. per layer, the candidates counted (the second host sync): a layer with fewer than k_l
@@ -39,12 +39,21 @@ SAMPLE = 4096
 _MAG_BITS = 31
 
 
-def _sample_rank(n: int, k: int, s: int) -> int:
-    """The rank in a sample of s (of n entries) taken as the threshold: the expected count
-    of sample entries at or above the k-th largest, plus 4 standard deviations, plus 2.
-    Above s (k near n), the sample cannot place the threshold: every entry is a candidate."""
+def sample_rank(n: int, k: int, s: int) -> int:
+    """The rank in a sample of s entries (of n) whose value is taken as the threshold.
+
+    The number of sample entries at or above the true k-th largest magnitude is
+    Binomial(s, k/n). Taking the threshold at that mean plus 4 standard deviations (+2)
+    leaves at least k candidates except with probability ~3e-5 (then the caller falls
+    back, keeping the result exact) while keeping the candidates near k. Above s (k near
+    n) the sample cannot place a threshold: ``segmented_topk`` then takes every entry.
+    """
     expected = k * s / n
     return math.ceil(expected + 4 * math.sqrt(expected) + 2)
+
+
+#: What ``segmented_topk`` calls (a module name, so that a test can force a short sample).
+_sample_rank = sample_rank
 
 
 def segmented_topk(xs: list[torch.Tensor], ks: list[int], seed: int = 0,

@@ -36,7 +36,7 @@ import torch
 from .base import (Compressor, SelectContext, exact_topk, kth_largest, mix_seed,
                    sample_generator, sample_magnitudes)
 from .blockscan import passing_indices, scan_all
-from .segmented import segmented_topk
+from .segmented import sample_rank, segmented_topk
 
 #: Calls a layer whose candidates filled most blocks is scanned without block screening.
 BLOCK_RETRY = 32
@@ -163,15 +163,9 @@ class TopK(Compressor):
 
     @staticmethod
     def _sample_rank(n: int, k: int, s: int) -> int:
-        """The rank in a sample of s entries (of n) whose value is taken as the threshold.
-
-        The number of sample entries at or above the true k-th largest magnitude is
-        Binomial(s, k/n). Taking the threshold at that mean plus 4 standard deviations
-        (+2) leaves at least k candidates except with probability ~3e-5 (then the
-        fallback keeps the result exact) while keeping the candidates near k.
-        """
-        expected = k * s / n
-        return math.ceil(expected + 4 * math.sqrt(expected) + 2)
+        """The rank in a sample of s entries (of n) taken as the threshold
+        (``segmented.sample_rank``: shared with the batched selection)."""
+        return sample_rank(n, k, s)
 
     # -- the accelerator path ---------------------------------------------------------
     def _select_on_device(self, x: torch.Tensor, k: int, ctx: SelectContext) -> torch.Tensor:
