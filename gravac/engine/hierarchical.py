@@ -24,8 +24,12 @@ compresses and exchanges shard j only. Per step, on every rank:
 
 Collectives: host average, gains (all ranks), NaN flags when the gains did not carry them
 (all ranks), shard exchange, host allgather: each chosen from the plan and agreed values
-only, and never two groups' collectives in flight at once (Horovod's background loop
-deadlocked when the world's flags ran beside a shard group's exchange).
+only, and never two groups' collectives in flight at once (a 2x2 Horovod run hung, a Gloo
+recv timeout, when the world's flags ran beside a shard group's exchange). Host and shard
+groups cross (each rank is in one of each); under Horovod they are process sets, which its
+background loop negotiates one after another every cycle: sound, and measured to run (150
+steps on 2 sandbox hosts x 2 ranks with sleeping and with spinning waits, docs/BENCHMARKS.md
+§6), but each of their collectives costs a few Horovod cycles.
 
 Example::
 
@@ -45,11 +49,6 @@ from .exchange import AllgatherExchange
 from .layers import Layer
 from .phases import PhaseClock
 from .selection import apply_decision
-
-
-class HierarchicalUnsupported(RuntimeError):
-    """The transport cannot run the hierarchical exchange's groups (raised on every rank
-    alike: the layout and the backend are the same everywhere)."""
 
 
 def host_groups(comm: Comm, host_of_rank: Sequence[int] | None = None,
@@ -111,16 +110,6 @@ class HierarchicalStep:
         groups = host_groups(comm, self._host_of_rank, name=f"{e.prefix}.hosts")
         self.hosts = groups
         slots = len(groups[0])
-        if comm.backend == "horovod" and len(groups) > 1 and slots > 1:
-            # Host groups and shard groups cross (each rank is in one of each): Horovod
-            # 0.28.1's background loop negotiates every process set in turn and deadlocked
-            # on them (a Gloo recv timeout after 30-87 steps, 2 sandbox hosts x 2 ranks).
-            raise HierarchicalUnsupported(
-                f"exchange='hierarchical' with {len(groups)} hosts of {slots} ranks needs "
-                "process groups that run side by side, which Horovod 0.28.1's process sets "
-                "do not (its background loop deadlocked on them); launch with torchrun "
-                "(run.backend=torch, hvd_scripts/run_torchrun.sh), or use "
-                "exchange='shared_index' or 'allgather' under horovodrun")
         self.host_comm = None
         for k, ranks in enumerate(groups):   # every rank makes every group, same order
             sub = comm.subgroup(ranks, name=f"{e.prefix}.host{k}")
@@ -172,8 +161,8 @@ class HierarchicalStep:
         if local_bad is not None:
             # The flags' round of its own, before the shard exchange, not beside it: on
             # Horovod, collectives of different process sets in flight at once (the world's
-            # flags, a shard group's exchange) deadlocked its background loop (a Gloo recv
-            # timeout after 87 steps on 2 sandbox hosts).
+            # flags, a shard group's exchange) hung a run (a Gloo recv timeout after 87
+            # steps on 2 sandbox hosts).
             bad = e._agree_flags(local_bad, clock)
             if bad:
                 e.memory.rollback_step()

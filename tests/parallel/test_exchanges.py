@@ -8,18 +8,10 @@ import torch.nn.functional as F
 
 from gravac.compressors import num_kept
 from gravac.controllers import GraVAC, Static
-from gravac.engine.hierarchical import HierarchicalUnsupported
 from gravac.engine.optimizer import wrap_optimizer
 
 from helpers import (BACKEND, COMM, distributed_optimizer, gather_rows, make_net, rank_batch,
                      topk_sent)
-
-
-def _horovod_crossing_groups() -> bool:
-    """Several hosts of several ranks under Horovod: hierarchical is refused there (its
-    host and shard process sets cross, which deadlocked Horovod 0.28.1)."""
-    nodes = COMM.allgather_object(COMM.node, name="test.exchange.layout")
-    return BACKEND == "horovod" and 1 < len(set(nodes)) < COMM.size
 
 
 def _grads(model, opt, step, rank):
@@ -69,12 +61,6 @@ def test_hierarchical_is_topk_of_each_hosts_average_across_hosts(layout, rank, s
                                     exchange="hierarchical")
         nodes = COMM.allgather_object(COMM.node, name="test.exchange.nodes")
         groups = [[r for r in range(size) if nodes[r] == n] for n in sorted(set(nodes))]
-        if _horovod_crossing_groups():
-            # Crossing host and shard groups: refused on Horovod (its process sets deadlock)
-            _grads(model, opt, 0, rank)
-            with pytest.raises(HierarchicalUnsupported, match="launch with torchrun"):
-                opt.step()
-            return
     else:                      # each rank a host of its own: the allgather exchange
         opt = wrap_optimizer(torch.optim.SGD(model.parameters(), lr=0.0),
                              model.named_parameters(), COMM, controller=Static(cf=cf),
@@ -117,11 +103,6 @@ def test_gravac_decides_alike_on_every_rank_with_either_exchange(exchange, rank)
     opt = distributed_optimizer(
         torch.optim.SGD(model.parameters(), lr=0.05), model.named_parameters(),
         controller=GraVAC(theta_min=4, theta_max=256, epsilon=0.3, window=3), exchange=exchange)
-    if exchange == "hierarchical" and _horovod_crossing_groups():
-        _grads(model, opt, 0, rank)
-        with pytest.raises(HierarchicalUnsupported):
-            opt.step()
-        return
     seen = []
     for step in range(12):
         _grads(model, opt, step, rank)
