@@ -439,20 +439,11 @@ def chunk_bytes(layers: int, kept: int, value_bytes: int = 4, index_bytes: int =
     return 8 * (4 + layers) + pad8(kept * value_bytes) + pad8(kept * index_bytes)
 
 
-def bitmap_words(numel: int) -> int:
-    """int32 words of a bitmap over ``numel`` entries (gravac.engine.index_bitmap)."""
-    return (int(numel) + 31) // 32
-
-
 def index_buffer_bytes(model: ModelShapes, theta_min: float, theta_c: float | None) -> int:
-    """shared_index's integer buffer (int32): per layer a count per level, then each
-    level's set: Top-k's exact k indices, or a bitmap of the layer where that takes fewer
-    words (below CF 32); a candidate's set too when one is planned."""
-    words = 2 * model.layers_comp
-    for n in model.comp:
-        for theta in (theta_min, theta_c) if theta_c else (theta_min,):
-            words += min(num_kept(n, theta), bitmap_words(n))
-    return 4 * words
+    """shared_index's integer buffer (int32): per layer a count per level, then the
+    slots of each level (Top-k's exact k; a candidate's too when one is planned)."""
+    slots = model.kept_total(theta_min) + (model.kept_total(theta_c) if theta_c else 0)
+    return 4 * (2 * model.layers_comp + slots)
 
 
 def _lowrank_of(case: StepCase, model: ModelShapes) -> LowRank:
@@ -843,23 +834,19 @@ def allgather_crossover_exact(theta: float, n_floats: float, link: Link,
 def shared_index_crossover_approx(theta: float, n_comp: float, link: Link,
                                   gains: bool = False) -> float:
     """Where shared_index stops beating a dense ring allreduce, one rank per host: its
-    bytes are a fixed share of dense's (values 4n/θ, indices 4n·min(1/θ, 1/32): a list
-    or, below CF 32, a bitmap; against 4n, whatever N), but it has one more allreduce
-    round (the indices; two with GraVAC's gains), whose 2(N−1)α grows with N. Neglecting
-    the small layers, the layer counts and the flags, with s = 1/θ + min(1/θ, 1/32):
+    bytes are a fixed share of dense's (indices + values ≈ 2·4n/θ against 4n, whatever
+    N), but it has one more allreduce round (the indices; two with GraVAC's gains), whose
+    2(N−1)α grows with N. Neglecting the small layers, the layer counts and the flags:
 
-        2(N−1)α·(1 + gains) = 2(N−1)/N·β·4n(1 − s)
-        ⇔  N* = 4nβ(1 − s) / (α(1 + gains))
+        2(N−1)α·(1 + gains) = 2(N−1)/N·β·4n(1 − 2/θ)
+        ⇔  N* = 4nβ(1 − 2/θ) / (α(1 + gains))
 
     >>> round(shared_index_crossover_approx(100, 1e6, Link(1e-5, 1e-9)), 6)
     392.0
-    >>> round(shared_index_crossover_approx(10, 1e6, Link(1e-5, 1e-9)), 6)
-    347.5
     """
     if link.alpha_s <= 0:
         return math.inf
-    share = 1.0 / theta + min(1.0 / theta, 1.0 / 32)
-    return 4.0 * n_comp * link.beta_s_per_byte * (1.0 - share) / \
+    return 4.0 * n_comp * link.beta_s_per_byte * (1.0 - 2.0 / theta) / \
         (link.alpha_s * (2 if gains else 1))
 
 

@@ -13,10 +13,8 @@ step, on every rank:
    DGC's and RedSync's thresholds work too); ONE allreduce (sum) of an integer buffer
    tells every rank the leader's indices (the others add zeros: a broadcast whose
    traffic does not grow with N). Its layout is fixed by the plan and the compressor's
-   ``count_bounds``, so no round is needed to learn sizes; a set goes as a bitmap of its
-   layer where that is the shorter (below CF 32, ``index_bitmap``: 3.2x fewer index bytes
-   at 10x). Random-k with a shared seed draws the same indices on every rank and skips
-   this round;
+   ``count_bounds``, so no round is needed to learn sizes. Random-k with a shared seed
+   draws the same indices on every rank and skips this round;
 3. each rank takes its own values at the shared indices, for both levels; the gains are
    measured on them and agreed as always (one tiny allreduce, the NaN/Inf flags in it),
    so GraVAC's decision is the same on every rank;
@@ -36,7 +34,6 @@ import torch
 
 from ..compressors import num_kept
 from ..controllers import SENT_DENSE
-from . import index_bitmap
 from .phases import PhaseClock
 from .selection import Selection, apply_decision
 
@@ -142,74 +139,51 @@ class SharedIndexStep:
             # Same draws everywhere: each rank makes the leader's selection itself.
             return [self._select(layer, g_ef, cf, theta_c if c else None, step)
                     for (layer, g_ef, cf), c in zip(fed, with_candidate)]
-        # The integer buffer: per layer, its count at each level, then each level's set: as
-        # many indices as the compressor may return (count_bounds, zeros where unused), or
-        # a bitmap of the layer where that takes fewer words (below CF 32: index_bitmap).
-        # The layout follows from the plan alone, the same on every rank.
-        n_layers = len(fed)
-        big = any(layer.numel >= 2**31 for layer, _, _ in fed)
-        dtype = torch.int64 if big else torch.int32
-        fields = []                            # per layer: ((words, bitmap?) per level)
+        # The integer buffer: per layer, its count at each level, then slots for each level
+        # as many as the compressor may return (count_bounds), zeros where unused.
+        slots = []
         for (layer, _, cf), c in zip(fed, with_candidate):
             high_min = e.compressor.count_bounds(num_kept(layer.numel, cf), layer.numel)[1]
             high_c = e.compressor.count_bounds(num_kept(layer.numel, theta_c),
                                                high_min)[1] if c else 0
-            fields.append(tuple(self._field(layer.numel, high, dtype)
-                                for high in (high_min, high_c)))
+            slots.append((high_min, high_c))
+        n_layers = len(fed)
+        big = any(layer.numel >= 2**31 for layer, _, _ in fed)
+        dtype = torch.int64 if big else torch.int32
         device = fed[0][1].device if fed else torch.device("cpu")
-        total = 2 * n_layers + sum(words for levels in fields for words, _ in levels)
+        total = 2 * n_layers + sum(a + b for a, b in slots)
         buf = torch.zeros(total, dtype=dtype, device=device)
         if e.comm.rank == leader:
             pos = 2 * n_layers
             # The counts are known on the host: written into the buffer with one copy at
             # the end (an element written at a time is a host-to-device copy each on a GPU).
             counts = [0] * (2 * n_layers)
-            for i, ((layer, g_ef, cf), c, levels) in enumerate(zip(fed, with_candidate, fields)):
-                chosen = self._select(layer, g_ef, cf, theta_c if c else None, step)
-                for level, (idx, (words, bitmap)) in enumerate(zip(chosen, levels)):
-                    if idx is not None:
-                        counts[level * n_layers + i] = idx.numel()
-                        field = buf[pos:pos + words]
-                        if bitmap:
-                            index_bitmap.encode_into(field, idx, layer.numel)
-                        else:
-                            field[:idx.numel()] = idx.to(dtype)
-                    pos += words
+            for i, ((layer, g_ef, cf), c, (high_min, high_c)) in enumerate(
+                    zip(fed, with_candidate, slots)):
+                idx_min, idx_c = self._select(layer, g_ef, cf, theta_c if c else None, step)
+                counts[i] = idx_min.numel()
+                buf[pos:pos + idx_min.numel()] = idx_min.to(dtype)
+                pos += high_min
+                if idx_c is not None:
+                    counts[n_layers + i] = idx_c.numel()
+                    buf[pos:pos + idx_c.numel()] = idx_c.to(dtype)
+                pos += high_c
             if n_layers:
                 buf[:2 * n_layers] = torch.tensor(counts, dtype=dtype)
         clock.lap("t_select", sync=True)
-        self._index_bytes = buf.numel() * buf.element_size()     # what each rank sends
         if total:
             buf = e.comm.allreduce(buf, op="sum", name=f"{e.prefix}.indices")
+        self._index_bytes = buf.numel() * buf.element_size()
         clock.lap("t_wait_exchange", sync=True)
         counts = buf[:2 * n_layers].tolist()
         out, pos = [], 2 * n_layers
-        for i, ((layer, _, _), levels, c) in enumerate(zip(fed, fields, with_candidate)):
-            sets = []
-            for level, (words, bitmap) in enumerate(levels):
-                count = counts[level * n_layers + i]
-                field = buf[pos:pos + words]
-                pos += words
-                if level == 1 and not c:
-                    sets.append(None)
-                elif bitmap:
-                    idx = index_bitmap.decode(field, layer.numel)
-                    if idx.numel() != count:   # the same buffer on every rank: all raise
-                        raise RuntimeError(f"shared_index: layer {layer.name}'s bitmap holds "
-                                           f"{idx.numel()} indices, the leader sent {count}")
-                    sets.append(idx)
-                else:
-                    sets.append(field[:count].to(torch.int64))
-            out.append(tuple(sets))
+        for i, ((high_min, high_c), c) in enumerate(zip(slots, with_candidate)):
+            idx_min = buf[pos:pos + counts[i]].to(torch.int64)
+            pos += high_min
+            idx_c = buf[pos:pos + counts[n_layers + i]].to(torch.int64) if c else None
+            pos += high_c
+            out.append((idx_min, idx_c))
         return out
-
-    @staticmethod
-    def _field(numel: int, high: int, dtype: torch.dtype) -> tuple[int, bool]:
-        """(words, as a bitmap?) of one level's index set in the integer buffer: ``high``
-        indices, or a bitmap of the layer when int32 words hold it in fewer."""
-        if high and dtype == torch.int32 and index_bitmap.cheaper_than_list(numel, high):
-            return index_bitmap.bitmap_words(numel), True
-        return high, False
 
     def _select(self, layer, g_ef, cf, theta_c, step):
         sel = self.engine.select(layer, g_ef, cf, theta_c, step)

@@ -14,8 +14,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from gravac.engine import index_bitmap
-
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
@@ -70,13 +68,9 @@ def test_byte_counts_match_gravacs_codec_and_num_kept():
         buffer, _ = codec.pack(sel)
         assert S.chunk_bytes(2, TINY.kept_total(theta)) == buffer.numel()
     assert S.chunk_bytes(3, 5) == 8 * 7 + 24 + 24
-    # shared_index's int32 buffer: 2 counts per layer + each level's set, as its k indices
-    # or as a bitmap of the layer where that is fewer words (63 and 94 here: below CF 32)
-    assert S.index_buffer_bytes(TINY, 10, None) == 4 * (2 * 2 + 63 + 94)
-    assert S.index_buffer_bytes(TINY, 10, 100) == 4 * (2 * 2 + 63 + 94 + 20 + 30)
-    assert S.index_buffer_bytes(TINY, 100, 1000) == 4 * (2 * 2 + 20 + 30 + 2 + 3)
-    assert [S.bitmap_words(n) for n in (1, 32, 33, 3000)] == \
-        [index_bitmap.bitmap_words(n) for n in (1, 32, 33, 3000)]
+    # shared_index's int32 buffer: 2 counts per layer + the slots of each level
+    assert S.index_buffer_bytes(TINY, 10, None) == 4 * (2 * 2 + 200 + 300)
+    assert S.index_buffer_bytes(TINY, 10, 100) == 4 * (2 * 2 + 500 + 20 + 30)
 
 
 def test_powersgd_ranks_match_gravac():
@@ -117,7 +111,7 @@ def test_dense_fp16_shared_index_powersgd_by_hand():
     assert S.comm_time(S.StepCase("dense"), TINY, layout, net) == approx(2 * A + 4 * n * B)
     assert S.comm_time(S.StepCase("fp16"), TINY, layout, net) == approx(2 * A + 2 * n * B)
     si = S.StepCase("shared_index", theta=10)
-    index = 4 * (4 + 63 + 94)                    # at 10x both sets go as bitmaps
+    index = 4 * (4 + 500)
     # round 1: indices (allreduce as broadcast); round 2: values + dense + flags, fused
     assert S.comm_time(si, TINY, layout, net) == approx(
         2 * A + index * B + 2 * A + (4 * 500 + 40 + 16) * B)
