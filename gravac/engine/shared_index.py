@@ -171,9 +171,9 @@ class SharedIndexStep:
             if n_layers:
                 buf[:2 * n_layers] = torch.tensor(counts, dtype=dtype)
         clock.lap("t_select", sync=True)
+        self._index_bytes = buf.numel() * buf.element_size()     # what each rank sends
         if total:
             buf = e.comm.allreduce(buf, op="sum", name=f"{e.prefix}.indices")
-        self._index_bytes = buf.numel() * buf.element_size()
         clock.lap("t_wait_exchange", sync=True)
         counts = buf[:2 * n_layers].tolist()
         out, pos = [], 2 * n_layers
