@@ -10,7 +10,7 @@ from gravac.compressors import num_kept
 from gravac.controllers import GraVAC, Static
 from gravac.engine.optimizer import wrap_optimizer
 
-from helpers import (BACKEND, COMM, distributed_optimizer, gather_rows, make_net, rank_batch,
+from helpers import (COMM, distributed_optimizer, gather_rows, make_net, rank_batch,
                      topk_sent)
 
 
