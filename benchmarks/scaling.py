@@ -702,11 +702,11 @@ def fit_lockstep(lockstep: dict) -> dict:
 
 def local_time(case: StepCase, model: ModelShapes, layout: Layout,
                costs: CompressionCosts, solo: CompressionCosts | None = None) -> float:
-    """Seconds of local work on the rank the step waits for (shared_index's leader, which
-    selects for the others; a hierarchical rank works on its shard).
+    """Seconds of local work on the rank the step waits for (shared_index's leader with the
+    largest share, which selects for the others; a hierarchical rank works on its shard).
 
     ``solo``: the costs of work one rank does while the others wait (the shared_index
-    leader's selection, both levels); None prices it like the rest (``costs``)."""
+    leaders' selection, both levels); None prices it like the rest (``costs``)."""
     ex = case.exchange
     if ex == "dense":
         return 0.0
@@ -739,15 +739,35 @@ def local_time(case: StepCase, model: ModelShapes, layout: Layout,
         t += u * chunks * model.kept_total(case.theta) + v * chunks
     else:
         t += costs.copy * model.n_comp
-    if ex == "shared_index" and solo is not None and not case.shared_selection:
-        # The leader selects while the others wait for its indices (their own work, error
-        # feedback, gathering and unpacking, runs beside theirs): priced at solo speed.
-        t += sum(_selections(case, model, solo)) - sum(_selections(case, model, costs))
+    if ex == "shared_index" and not case.shared_selection:
+        # Each layer's leader selects it (both levels) while the others wait for the
+        # indices: the step waits for the largest share (``leader_share``), priced at solo
+        # speed where measured (the ranks with smaller shares are done and waiting), not
+        # for every rank selecting every layer as the pipeline's fit counts.
+        t += leader_share(model, layout.n) * sum(_selections(case, model, solo or costs)) \
+            - sum(_selections(case, model, costs))
     t = check + share * t
     if ex == "hierarchical" and layout.slots > 1:
         # the host share: every rank copies the other shards' gradients in
         t += costs.copy * model.n_total * (1 - share)
     return t
+
+
+def leader_share(model: ModelShapes, n: int) -> float:
+    """shared_index: the fraction of the compressed elements whose selection a step waits
+    for. Each layer has a leader, the layers spread over the N ranks by size
+    (gravac/engine/shared_index.py), so the most-loaded rank selects about the larger of an
+    even share and the largest layer (a lower bound of its load, which it reaches when the
+    layers pack evenly, as the LSTM's two big layers do on 2 or 4 ranks).
+
+    >>> leader_share(ModelShapes.from_params([("a", (3000,)), ("b", (2000,))]), 4)
+    0.6
+    >>> leader_share(ModelShapes.from_params([(f"w{i}", (2000,)) for i in range(8)]), 4)
+    0.25
+    """
+    if not model.n_comp:
+        return 0.0
+    return min(1.0, max(1.0 / max(1, n), max(model.comp) / model.n_comp))
 
 
 def _selections(case: StepCase, model: ModelShapes,

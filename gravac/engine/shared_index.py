@@ -4,16 +4,22 @@ With the allgather exchange a rank receives N − 1 selections, so its traffic g
 the number of ranks N; here every rank sends values at the same indices, and the values
 are averaged by a ring allreduce whose traffic per rank is ≈ 2·(N−1)/N·k values, whatever
 N (``../shared/ALGORITHM.md``, "Exchanges"; docs/ALGORITHM.md §13). The index set is
-ScaleCom's cyclic local top-k (Chen et al., NeurIPS 2020): at step s the leader is rank
-s mod N, and its own selection of its error-fed gradient is the set everyone sends. Per
-step, on every rank:
+ScaleCom's cyclic local top-k (Chen et al., NeurIPS 2020), rotated per layer: each layer
+has a leader, whose own selection of its error-fed gradient is the set everyone sends for
+that layer. ScaleCom gives every layer the same leader, rank s mod N at step s; here the
+layers are first spread over the ranks by size (``hierarchical.shard_layers``: the
+largest first, each to the least-loaded rank) and layer i's leader at step s is
+(base_i + s) mod N. Every rank still leads every layer once in N steps, and the selection
+the others wait for is split over the ranks instead of done by one (docs/ALGORITHM.md
+§13). Per step, on every rank:
 
 1. error feedback: g_ef = grad + residual (every rank keeps its own residual);
-2. the leader runs both levels' selection on its g_ef (the compressor as configured, so
-   DGC's and RedSync's thresholds work too); ONE allreduce (sum) of an integer buffer
-   tells every rank the leader's indices (the others add zeros: a broadcast whose
-   traffic does not grow with N). Its layout is fixed by the plan and the compressor's
-   ``count_bounds``, so no round is needed to learn sizes. Random-k with a shared seed
+2. each rank runs both levels' selection on its g_ef for the layers it leads (the
+   compressor as configured, so DGC's and RedSync's thresholds work too); ONE allreduce
+   (sum) of an integer buffer tells every rank every leader's indices (each rank writes
+   its layers' slots, zeros elsewhere: a broadcast whose traffic does not grow with N).
+   Its layout is fixed by the plan and the compressor's ``count_bounds``, so no round is
+   needed to learn sizes. Random-k with a shared seed
    draws the same indices on every rank and skips this round;
 3. each rank takes its own values at the shared indices, for both levels; the gains are
    measured on them and agreed as always (one tiny allreduce, the NaN/Inf flags in it),
@@ -34,6 +40,7 @@ import torch
 
 from ..compressors import num_kept
 from ..controllers import SENT_DENSE
+from .hierarchical import shard_layers
 from .phases import PhaseClock
 from .selection import Selection, apply_decision
 
@@ -47,14 +54,23 @@ class SharedIndexStep:
         self.engine = engine
 
     def bind(self, comm) -> None:
-        """Nothing to build: the leader follows from the step and the group's size."""
+        """Nothing to build: the leaders follow from the step and the group's size."""
 
     def describe(self) -> dict:
-        return {"kind": self.kind, "index_set": "cyclic_local_topk"}
+        return {"kind": self.kind, "index_set": "cyclic_local_topk_per_layer"}
 
-    def leader(self, step: int) -> int:
-        """The rank whose selection every rank sends at ``step`` (ScaleCom's rotation)."""
-        return step % self.engine.comm.size
+    def leaders(self, step: int) -> dict[str, int]:
+        """The rank whose selection every rank sends, per compressed layer, at ``step``."""
+        e = self.engine
+        layers = [l for l in e.layers if l.compressible]
+        key = (e.comm.size, len(layers))
+        if getattr(self, "_base_key", None) != key:
+            # Spread by size (selection costs about linearly in it) as the hierarchical
+            # exchange spreads its shards; the rotation keeps the spread. Every compressible
+            # layer counts, whatever the plan sends dense: a layer's place does not move.
+            self._base = dict(zip((l.name for l in layers), shard_layers(layers, e.comm.size)))
+            self._base_key = key
+        return {name: (base + step) % e.comm.size for name, base in self._base.items()}
 
     # -- the step -------------------------------------------------------------------------
     def synchronize(self, plan, step: int, clock: PhaseClock, t_compute,
@@ -131,14 +147,14 @@ class SharedIndexStep:
         return stats
 
     def _index_sets(self, fed, with_candidate, theta_c, step: int, clock: PhaseClock):
-        """[(idx_min, idx_c or None)] per fed layer: the leader's selection, on every rank."""
+        """[(idx_min, idx_c or None)] per fed layer: its leader's selection, on every rank."""
         e = self.engine
-        leader = self.leader(step)
         self._index_bytes = 0
         if e.compressor.shared_selection:
             # Same draws everywhere: each rank makes the leader's selection itself.
             return [self._select(layer, g_ef, cf, theta_c if c else None, step)
                     for (layer, g_ef, cf), c in zip(fed, with_candidate)]
+        leaders = self.leaders(step)
         # The integer buffer: per layer, its count at each level, then slots for each level
         # as many as the compressor may return (count_bounds), zeros where unused.
         slots = []
@@ -153,23 +169,26 @@ class SharedIndexStep:
         device = fed[0][1].device if fed else torch.device("cpu")
         total = 2 * n_layers + sum(a + b for a, b in slots)
         buf = torch.zeros(total, dtype=dtype, device=device)
-        if e.comm.rank == leader:
-            pos = 2 * n_layers
+        mine = [i for i, (layer, _, _) in enumerate(fed) if leaders[layer.name] == e.comm.rank]
+        if mine:
+            # Both levels of every layer this rank leads, in one select_all (the compressor
+            # may batch them); the second level where θc > the layer's CF.
+            chosen = e.select_all([fed[i] for i in mine], theta_c, step)
+            starts = [2 * n_layers]
+            for high_min, high_c in slots[:-1]:
+                starts.append(starts[-1] + high_min + high_c)
             # The counts are known on the host: written into the buffer with one copy at
             # the end (an element written at a time is a host-to-device copy each on a GPU).
             counts = [0] * (2 * n_layers)
-            for i, ((layer, g_ef, cf), c, (high_min, high_c)) in enumerate(
-                    zip(fed, with_candidate, slots)):
-                idx_min, idx_c = self._select(layer, g_ef, cf, theta_c if c else None, step)
-                counts[i] = idx_min.numel()
-                buf[pos:pos + idx_min.numel()] = idx_min.to(dtype)
-                pos += high_min
-                if idx_c is not None:
-                    counts[n_layers + i] = idx_c.numel()
-                    buf[pos:pos + idx_c.numel()] = idx_c.to(dtype)
-                pos += high_c
-            if n_layers:
-                buf[:2 * n_layers] = torch.tensor(counts, dtype=dtype)
+            for i, sel in zip(mine, chosen):
+                pos = starts[i]
+                counts[i] = sel.idx_min.numel()
+                buf[pos:pos + counts[i]] = sel.idx_min.to(dtype)
+                if sel.idx_c is not None:
+                    pos += slots[i][0]
+                    counts[n_layers + i] = sel.idx_c.numel()
+                    buf[pos:pos + counts[n_layers + i]] = sel.idx_c.to(dtype)
+            buf[:2 * n_layers] = torch.tensor(counts, dtype=dtype)
         clock.lap("t_select", sync=True)
         self._index_bytes = buf.numel() * buf.element_size()     # what each rank sends
         if total:

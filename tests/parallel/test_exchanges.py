@@ -8,6 +8,8 @@ import torch.nn.functional as F
 
 from gravac.compressors import num_kept
 from gravac.controllers import GraVAC, Static
+from gravac.engine.hierarchical import shard_layers
+from gravac.engine.layers import Layer
 from gravac.engine.optimizer import wrap_optimizer
 
 from helpers import (COMM, distributed_optimizer, gather_rows, make_net, rank_batch,
@@ -21,20 +23,24 @@ def _grads(model, opt, step, rank):
 
 
 @pytest.mark.parametrize("cf", [10, 100])
-def test_shared_index_is_the_average_at_the_rotating_leaders_topk(cf, rank, size):
+def test_shared_index_is_the_average_at_each_layers_rotating_leaders_topk(cf, rank, size):
     model = make_net()
     opt = distributed_optimizer(torch.optim.SGD(model.parameters(), lr=0.0),
                                 model.named_parameters(), controller=Static(cf=cf),
                                 exchange="shared_index")
     params = dict(model.named_parameters())
     names = opt.compressed_layer_names
+    # Each layer's leader at step 0: spread by size as the hierarchical shards are
+    # (shard_layers, checked by hand in tests/unit); then one rank further each step.
+    base = dict(zip(names, shard_layers([Layer(i, n, params[n], params[n].numel(), True)
+                                         for i, n in enumerate(names)], size)))
     residual = {n: torch.zeros(size, params[n].numel()) for n in names}
     for step in range(4):
         _grads(model, opt, step, rank)
         raw = {n: gather_rows(p.grad, f"test.raw.{n}") for n, p in params.items()}
         opt.step()
-        leader = step % size
         for n in names:
+            leader = (base[n] + step) % size
             g_ef = raw[n] + residual[n]
             idx = torch.topk(g_ef[leader].abs(), num_kept(params[n].numel(), cf)).indices
             expected = torch.zeros(params[n].numel())

@@ -70,15 +70,24 @@ def _top(x: torch.Tensor, k: int) -> torch.Tensor:
 
 
 # -- shared index -----------------------------------------------------------------------------
-def test_shared_index_sends_every_rank_values_at_the_leaders_topk():
+#: Each compressed layer's leader at step 0: the larger layer (0.weight, 1536 entries) goes
+#: to rank 0, the next (2.weight, 480) to the least-loaded rank, 1; at step s both move on
+#: by s (mod N).
+BASE_LEADER = {"0.weight": 0, "2.weight": 1}
+
+
+def leader_of(name: str, step: int, n_ranks: int = N) -> int:
+    return (BASE_LEADER[name] + step) % n_ranks
+
+
+def test_shared_index_sends_every_rank_values_at_each_layers_leaders_topk():
     result = run("shared_index")
     residual = {r: {n: torch.zeros(SHAPES[n]) for n in COMPRESSED} for r in range(N)}
     for step in range(3):
-        leader = step % N
         g_ef = {r: {n: grads_of(r, step)[n] + residual[r][n] for n in COMPRESSED}
                 for r in range(N)}
         for name in COMPRESSED:
-            idx = _top(g_ef[leader][name], k_of(name))
+            idx = _top(g_ef[leader_of(name, step)][name], k_of(name))
             expected = torch.zeros(math.prod(SHAPES[name]))
             expected[idx] = torch.stack([g_ef[r][name].view(-1)[idx] for r in range(N)]).mean(0)
             for r in range(N):
@@ -105,6 +114,29 @@ def test_shared_index_counts_values_without_indices_and_traffic_does_not_grow_wi
     assert per_rank[0] == per_rank[1]
 
 
+def test_shared_index_leaders_rotate_per_layer_and_spread_the_selection():
+    from gravac.compressors import get
+    from gravac.engine.layers import Layer
+    from gravac.engine.shared_index import SharedIndexStep
+    sizes = [100, 2_560_000, 50, 2_560_000, 400, 600]
+    engine = type("E", (), {})()
+    engine.layers = [Layer(i, f"l{i}", torch.zeros(1), n, True) for i, n in enumerate(sizes)]
+    engine.layers.append(Layer(6, "dense", torch.zeros(1), 10, False))
+    engine.compressor = get("topk")
+    engine.comm = type("C", (), {"size": 4})()
+    route = SharedIndexStep(engine)
+    # Largest first onto the least-loaded rank: l1 -> 0, l3 -> 1, l5 -> 2, l4 -> 3, l0 -> 3
+    # (3 holds 400 against 2's 600), l2 -> 3 (500 against 600).
+    assert route.leaders(0) == {"l0": 3, "l1": 0, "l2": 3, "l3": 1, "l4": 3, "l5": 2}
+    assert route.leaders(5) == {"l0": 0, "l1": 1, "l2": 0, "l3": 2, "l4": 0, "l5": 3}
+    # every rank leads every layer once in N steps
+    for name in route.leaders(0):
+        assert sorted(route.leaders(s)[name] for s in range(4)) == [0, 1, 2, 3]
+    # a world of another size (an elastic reset) spreads again
+    engine.comm = type("C", (), {"size": 2})()
+    assert route.leaders(0) == {"l0": 1, "l1": 0, "l2": 1, "l3": 1, "l4": 1, "l5": 0}
+
+
 def _one_step_stats(comm, exchange):
     model = copy.deepcopy(BASE)
     opt = wrap_optimizer(torch.optim.SGD(model.parameters(), lr=0.0), model.named_parameters(),
@@ -119,7 +151,7 @@ def _one_step_stats(comm, exchange):
 def test_shared_index_gravac_gains_are_measured_at_the_shared_indices_and_agreed():
     ctrl = GraVAC(theta_min=4, theta_max=64, epsilon=0.5, window=2)
     result = run("shared_index", steps=2, controller=ctrl)
-    step, leader = 0, 0
+    step = 0
     stats = [result[r][step][2] for r in range(N)]
     theta_c = stats[0].theta_c
     assert theta_c is not None and theta_c > 4
@@ -127,6 +159,7 @@ def test_shared_index_gravac_gains_are_measured_at_the_shared_indices_and_agreed
     kept = {"min": 0.0, "c": 0.0}
     total = 0.0
     for name in COMPRESSED:
+        leader = leader_of(name, step)
         idx_min = _top(g[leader][name], k_of(name, 4))
         vals = g[leader][name].view(-1)[idx_min]
         idx_c = idx_min[_top(vals, k_of(name, theta_c))]
@@ -185,8 +218,10 @@ def test_shared_index_with_a_threshold_compressor_sends_the_leaders_variable_cou
     for layer_index, name in enumerate(SHAPES):
         if name not in COMPRESSED:
             continue
-        flat = grads_of(0, 0)[name].view(-1)
-        idx = comp.select(flat, k_of(name), SelectContext(0, layer_index, 0, 0)).sort().values
+        leader = leader_of(name, 0)
+        flat = grads_of(leader, 0)[name].view(-1)
+        idx = comp.select(flat, k_of(name),
+                          SelectContext(0, layer_index, leader, 0)).sort().values
         expected = torch.zeros_like(flat)
         expected[idx] = torch.stack([grads_of(r, 0)[name].view(-1)[idx] for r in range(N)]).mean(0)
         for r in range(N):

@@ -165,20 +165,27 @@ def test_local_time_by_hand():
     expect = (check + 1 * 2 + 2 * 5000 + 3 * 500 + 6 * 2 + 7 * 500 + 8 * 50 + 9 * 5000
               + 4 * 4 * 50 + 5 * 4)
     assert S.local_time(case, TINY, layout, costs) == expect
+    # shared_index: the step waits for the leader of the largest share of the selection,
+    # here the rank that leads w2 (3000 of 5000 entries), not for all of it
     shared = S.StepCase("shared_index", theta=10)
-    assert S.local_time(shared, TINY, layout, costs) == check + 2 + 2 * 5000 + 3 * 500 + 4 * 500 + 5
+    select = 6 * 2 + 7 * 5000 + 8 * 500
+    assert S.local_time(shared, TINY, layout, costs) == approx(
+        check + 2 + 2 * 5000 + 3 * 500 + 4 * 500 + 5 - (1 - 0.6) * select)
     ps = S.StepCase("powersgd", rank=4)
     assert S.local_time(ps, TINY, layout, costs) == \
         check + 12 * 2 + 13 * 8 + 14 * 5000 + 15 * 4 * 5000
     scaled = costs.scaled(2.0)
     assert S.local_time(case, TINY, layout, scaled) == 2 * expect
-    # shared_index's leader selects both levels while the others wait: that part (the
-    # select fit over 5000 at 500, then over 500 at 50) at the solo costs, here 3x
+    # shared_index's leaders select both levels while the others wait: the largest share
+    # (0.6) of that (the select fit over 5000 at 500, then over 500 at 50) at the solo
+    # costs, here 3x
     leader = 6 * 2 + 7 * 5000 + 8 * 500 + 6 * 2 + 7 * 500 + 8 * 50
     two_level = S.StepCase("shared_index", theta=100, theta_min=10, theta_c=100, gains=True)
     plain = S.local_time(two_level, TINY, layout, costs)
     assert S.local_time(two_level, TINY, layout, costs, solo=costs.scaled(3.0)) == \
-        approx(plain + 2 * leader)
+        approx(plain + 0.6 * 2 * leader)
+    assert S.local_time(two_level, TINY, S.Layout(1, 1), costs, solo=costs.scaled(3.0)) == \
+        approx(S.local_time(two_level, TINY, S.Layout(1, 1), costs) + 2 * leader)
     # Random-k with a shared seed has no leader: every rank draws the indices itself
     seeded = S.replace(two_level, shared_selection=True)
     assert S.local_time(seeded, TINY, layout, costs, solo=costs.scaled(3.0)) == \
