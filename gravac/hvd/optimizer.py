@@ -67,8 +67,9 @@ def DistributedOptimizer(optimizer, named_parameters, compressor="topk", control
             (dense average inside each host, each host's average compressed and sent
             sparsely across hosts, its layers split among the host's ranks;
             Horovod needs HOROVOD_DYNAMIC_PROCESS_SETS=1) or ``"shared_index"`` (all ranks
-            send values at one rotating rank's indices, by allreduce: traffic independent
-            of the number of ranks). docs/ALGORITHM.md §13.
+            send values at the indices of each layer's leader, a rank that rotates every
+            step, by allreduce: traffic independent of the number of ranks).
+            docs/ALGORITHM.md §13.
         comm: a ``gravac.comm.Comm`` to use instead of Horovod (e.g. ``LocalComm()``);
             then ``process_set`` must be None.
 

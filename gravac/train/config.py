@@ -191,7 +191,7 @@ class CompressionConfig:
     bucket_cap_mb: float = 25.0
     # How sparse selections travel (docs/ALGORITHM.md §13): allgather (the paper's),
     # hierarchical (dense inside a host, sparse across hosts) or shared_index (all
-    # ranks send values at one rotating rank's indices, by allreduce).
+    # ranks send values at each layer's rotating leader's indices, by allreduce).
     exchange: str = "allgather"
     gravac: GraVACConfig = field(default_factory=GraVACConfig)
     accordion: AccordionConfig = field(default_factory=AccordionConfig)
