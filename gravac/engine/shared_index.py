@@ -61,16 +61,15 @@ class SharedIndexStep:
 
     def leaders(self, step: int) -> dict[str, int]:
         """The rank whose selection every rank sends, per compressed layer, at ``step``."""
-        e = self.engine
-        layers = [l for l in e.layers if l.compressible]
-        key = (e.comm.size, len(layers))
-        if getattr(self, "_base_key", None) != key:
+        size = self.engine.comm.size
+        if getattr(self, "_base_size", None) != size:      # first step, or an elastic reset
             # Spread by size (selection costs about linearly in it) as the hierarchical
             # exchange spreads its shards; the rotation keeps the spread. Every compressible
             # layer counts, whatever the plan sends dense: a layer's place does not move.
-            self._base = dict(zip((l.name for l in layers), shard_layers(layers, e.comm.size)))
-            self._base_key = key
-        return {name: (base + step) % e.comm.size for name, base in self._base.items()}
+            layers = [l for l in self.engine.layers if l.compressible]
+            self._base = dict(zip((l.name for l in layers), shard_layers(layers, size)))
+            self._base_size = size
+        return {name: (base + step) % size for name, base in self._base.items()}
 
     # -- the step -------------------------------------------------------------------------
     def synchronize(self, plan, step: int, clock: PhaseClock, t_compute,
