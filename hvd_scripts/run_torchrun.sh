@@ -12,6 +12,10 @@
 # and with GRAVAC_NNODES > 1 (multi-node; run the same command on every node):
 #   torchrun --nnodes NNODES --nproc-per-node NPROC --rdzv-backend c10d \
 #       --rdzv-endpoint HOST:PORT --rdzv-id RUN_ID train.py --config CONFIG... ...
+# or, when GRAVAC_NODE_RANK fixes each node's rank, the static rendezvous (node 0 hosts it
+# at HOST:PORT, so HOST must be node 0):
+#   torchrun --nnodes NNODES --nproc-per-node NPROC --rdzv-backend static \
+#       --rdzv-endpoint HOST:PORT --node-rank K train.py --config CONFIG... ...
 # NPROC is the number of ranks on EACH node. CONFIG files merge left to right; a relative
 # CONFIG path is looked up from the current directory first, then from the repository
 # root. Everything after `--` goes to train.py (--set key=value, --dry-run, --resume).
@@ -21,7 +25,9 @@
 #      GRAVAC_NNODES=N               nodes taking part (default 1: --standalone)
 #      GRAVAC_RDZV_ENDPOINT=HOST:PORT the rendezvous (a host all nodes reach; multi-node)
 #      GRAVAC_RDZV_ID=ID             the job's rendezvous id (default gravac)
-#      GRAVAC_NODE_RANK=K            optional fixed rank of this node
+#      GRAVAC_NODE_RANK=K            this node's fixed rank, 0..N-1 (static rendezvous at
+#                                    GRAVAC_RDZV_ENDPOINT, which must be node 0); unset:
+#                                    c10d rendezvous, ranks in the order nodes join
 # Every node needs the repository, its .venv and the data at the same absolute paths.
 set -euo pipefail
 
@@ -51,11 +57,17 @@ else
     endpoint=${GRAVAC_RDZV_ENDPOINT:-}
     [ -n "$endpoint" ] || die "GRAVAC_NNODES=$nnodes needs GRAVAC_RDZV_ENDPOINT=HOST:PORT (a host every node reaches)"
     [[ $endpoint == *:* ]] || die "GRAVAC_RDZV_ENDPOINT must be HOST:PORT, got '$endpoint'"
-    launch=(--nnodes "$nnodes" --nproc-per-node "$nproc" --rdzv-backend c10d
-            --rdzv-endpoint "$endpoint" --rdzv-id "${GRAVAC_RDZV_ID:-gravac}")
     if [ -n "${GRAVAC_NODE_RANK:-}" ]; then
         [[ $GRAVAC_NODE_RANK =~ ^[0-9]+$ ]] || die "GRAVAC_NODE_RANK must be an integer >= 0, got '$GRAVAC_NODE_RANK'"
-        launch+=(--node-rank "$GRAVAC_NODE_RANK")
+        [ "$GRAVAC_NODE_RANK" -lt "$nnodes" ] || die "GRAVAC_NODE_RANK must be below GRAVAC_NNODES ($nnodes), got '$GRAVAC_NODE_RANK'"
+        # Fixed node ranks: static rendezvous. c10d ignores --node-rank, and its store
+        # lives in the agent that happens to host it: when that node finishes first, the
+        # others' rendezvous shutdown talks to a store that is gone.
+        launch=(--nnodes "$nnodes" --nproc-per-node "$nproc" --rdzv-backend static
+                --rdzv-endpoint "$endpoint" --node-rank "$GRAVAC_NODE_RANK")
+    else
+        launch=(--nnodes "$nnodes" --nproc-per-node "$nproc" --rdzv-backend c10d
+                --rdzv-endpoint "$endpoint" --rdzv-id "${GRAVAC_RDZV_ID:-gravac}")
     fi
 fi
 

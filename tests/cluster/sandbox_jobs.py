@@ -72,13 +72,26 @@ class Sandbox:
     def output(self) -> str:
         return self.log.read_text(errors="replace")
 
+    def digest(self, limit: int = 6000) -> str:
+        """The output for an assertion message: from the first traceback or the sandbox's
+        own failure line (what went wrong first), then the end; a job that fails on one
+        host fills its tail with the other hosts' stop."""
+        text = self.output()
+        marks = [i for i in (text.find("Traceback (most recent call last)"),
+                             text.find("[sandbox] COMMAND on")) if i >= 0]
+        if not marks or len(text) <= limit:
+            return text[-limit:]
+        first = max(0, min(marks) - 500)
+        head = text[first:first + limit // 2]
+        return f"{head}\n[...]\n{text[-limit // 2:]}"
+
     def wait(self, timeout: float = HANG_GUARD_S) -> int:
         try:
             return self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             self.stop()
             raise AssertionError(f"the sandbox job did not end in {timeout} s (hang guard):\n"
-                                 f"{self.output()[-4000:]}") from None
+                                 f"{self.digest(4000)}") from None
 
     def stop(self) -> None:
         """TERM (the sandbox stops its command and removes itself), KILL if that hangs."""

@@ -21,9 +21,9 @@ def _wait_for(job, metrics: Path, predicate, what: str):
         if found:
             return found
         if job.proc.poll() is not None:
-            raise AssertionError(f"the job ended before {what}:\n{job.output()[-4000:]}")
+            raise AssertionError(f"the job ended before {what}:\n{job.digest(4000)}")
         time.sleep(0.1)
-    raise AssertionError(f"no {what} within {GUARD_S} s (hang guard):\n{job.output()[-4000:]}")
+    raise AssertionError(f"no {what} within {GUARD_S} s (hang guard):\n{job.digest(4000)}")
 
 
 def _last_step(records) -> int:
@@ -56,7 +56,7 @@ def test_a_host_leaves_and_comes_back_while_training_goes_on(sandbox, tmp_path):
     shrink = _wait_for(job, metrics, lambda r: _resets(r)[:1], "the reset to 2 ranks")[0]
     hosts.write_text("h0:2\nh1:2\n")                        # and comes back
     grow = _wait_for(job, metrics, lambda r: _resets(r)[1:], "the reset to 4 ranks")[0]
-    assert job.wait() == 0, job.output()[-6000:]
+    assert job.wait() == 0, job.digest()
 
     output = job.output()
     assert "h1[0] has been removed from elastic job" in output      # Horovod ends h1's ranks

@@ -8,10 +8,13 @@ import re
 PYTEST = "-q -p no:cacheprovider -k test_exchanges"
 
 
-def _passed(output: str, ranks: int) -> None:
+def _passed(job, ranks: int) -> None:
+    """Every rank's pytest summary: 6 passed, none failed. Only the summaries count: the
+    launchers' own log lines may say "failed" of a benign shutdown."""
+    output = job.output()
     counts = re.findall(r"(\d+) passed", output)
-    assert len(counts) >= ranks and all(int(c) == 6 for c in counts[-ranks:]), output[-6000:]
-    assert "failed" not in output.split("passed")[-1], output[-6000:]
+    assert len(counts) >= ranks and all(int(c) == 6 for c in counts[-ranks:]), job.digest()
+    assert not re.search(r"\d+ (failed|errors?)\b", output), job.digest()
 
 
 def test_exchanges_exact_on_two_hosts_horovod(sandbox, tmp_path):
@@ -20,15 +23,16 @@ def test_exchanges_exact_on_two_hosts_horovod(sandbox, tmp_path):
                f'--ssh-identity-file "$GRAVAC_SSH_KEY" bash tests/parallel/run_rank.sh '
                f'{tmp_path}/results {PYTEST}')
     job = sandbox(command, hosts=2, slots=2, link="1gbit")
-    assert job.wait() == 0, job.output()[-6000:]
-    _passed(job.output(), 4)
+    assert job.wait() == 0, job.digest()
+    _passed(job, 4)
 
 
 def test_exchanges_exact_on_two_hosts_torchrun(sandbox, tmp_path):
+    # the c10d rendezvous (no fixed node ranks): the training test uses the static one
     command = ('.venv/bin/torchrun --nnodes 2 --nproc-per-node 2 --rdzv-backend c10d '
                '--rdzv-endpoint "$GRAVAC_HOST0_ADDR:29400" --rdzv-id exchanges '
-               '--node-rank "$GRAVAC_NODE_RANK" --no-python bash tests/parallel/run_rank.sh '
+               '--no-python bash tests/parallel/run_rank.sh '
                f'{tmp_path}/results_$GRAVAC_NODE_RANK {PYTEST}')
     job = sandbox(command, hosts=2, slots=2, link="1gbit", each=True)
-    assert job.wait() == 0, job.output()[-6000:]
-    _passed(job.output(), 4)
+    assert job.wait() == 0, job.digest()
+    _passed(job, 4)

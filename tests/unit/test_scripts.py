@@ -160,11 +160,16 @@ def test_run_torchrun_single_and_multi_node(tmp_path):
                        tmp_path=tmp_path / "a")
     assert one.startswith("torchrun --standalone --nproc-per-node 2 train.py --config ")
     assert one.endswith("configs/demo.yaml --set run.backend=torch --dry-run")
-    (many,) = _launched("run_torchrun.sh", "4", "configs/demo.yaml", tmp_path=tmp_path / "b",
-                        env={"GRAVAC_NNODES": "2", "GRAVAC_RDZV_ENDPOINT": "node1:29400",
-                             "GRAVAC_NODE_RANK": "1"})
-    assert many.startswith("torchrun --nnodes 2 --nproc-per-node 4 --rdzv-backend c10d "
-                           "--rdzv-endpoint node1:29400 --rdzv-id gravac --node-rank 1 train.py")
+    (joined,) = _launched("run_torchrun.sh", "4", "configs/demo.yaml", tmp_path=tmp_path / "b",
+                          env={"GRAVAC_NNODES": "2", "GRAVAC_RDZV_ENDPOINT": "node1:29400"})
+    assert joined.startswith("torchrun --nnodes 2 --nproc-per-node 4 --rdzv-backend c10d "
+                             "--rdzv-endpoint node1:29400 --rdzv-id gravac train.py")
+    # a fixed node rank is honoured only by the static rendezvous (c10d ignores it)
+    (fixed,) = _launched("run_torchrun.sh", "4", "configs/demo.yaml", tmp_path=tmp_path / "c",
+                         env={"GRAVAC_NNODES": "2", "GRAVAC_RDZV_ENDPOINT": "node1:29400",
+                              "GRAVAC_NODE_RANK": "1"})
+    assert fixed.startswith("torchrun --nnodes 2 --nproc-per-node 4 --rdzv-backend static "
+                            "--rdzv-endpoint node1:29400 --node-rank 1 train.py")
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
