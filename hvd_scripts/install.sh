@@ -121,6 +121,13 @@ fi
 
 # 5. gravac itself, editable, so `import gravac` works from any directory -------------
 "${PIP[@]}" install -q --no-deps --no-build-isolation -e "$repo"
+# its one C kernel (gravac/native/scan.c), built ahead so that no run pays for it; where it
+# cannot be built gravac takes NumPy instead (same results, slower selection)
+if native=$("$VENV/bin/python" -c "from gravac import native; print(native.build())" 2>&1); then
+    say "built gravac's native kernel: $native"
+else
+    say "WARNING: gravac's native kernel could not be built, NumPy is used instead: ${native##*$'\n'}"
+fi
 
 # 6. sshd for the multi-host sandbox (hvd_scripts/cluster_sandbox.sh, tests/cluster) -------
 # Optional: without it the cluster tests are skipped, so this never fails the install. As

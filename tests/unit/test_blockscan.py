@@ -1,5 +1,10 @@
 """blockscan.passing_indices against the entry-by-entry scan, and the selections built on
-it (Top-k, DGC) against an independent exact top-k, on clustered and spread data."""
+it (Top-k, DGC) against an independent exact top-k, on clustered and spread data.
+
+With gravac's native kernel built, ``passing_indices`` steps aside (the kernel's one scan is
+cheaper): these tests turn the kernel off to test the block screening and NumPy's scans
+that run where it cannot be built. The kernel itself: test_native.py; the selections
+with it: test_compressors.py."""
 import pytest
 import torch
 
@@ -8,6 +13,11 @@ from gravac.compressors import SelectContext
 from gravac.compressors.blockscan import (BLOCK, at_least, count_true, passing_indices,
                                           scan_all, true_indices)
 from gravac.engine.codec import _divide_sent
+
+
+@pytest.fixture(autouse=True)
+def _without_native_kernel(monkeypatch):
+    monkeypatch.setenv("GRAVAC_NATIVE", "0")
 
 
 def _entrywise(x, threshold):
