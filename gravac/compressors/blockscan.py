@@ -14,7 +14,7 @@ screening is wasted and ``passing_indices`` says so (None) for the caller to sca
 comparison and ``flatnonzero`` cost ~0.1 and ~0.5 ns an entry against torch's ~0.8 and
 ~1.5 on one thread (the output layer, 2.56M entries: 3.3 ms against 7.3-8.8).
 
-Where gravac's native kernel is built (``gravac.native``: one read of x, 16 entries
+Where gravac's native kernel is built (``gravac.native``: one read of x, 64 entries
 compared at a time into a bit mask) ``scan_all`` takes it for float32/float64, and
 ``passing_indices`` answers None: the kernel's one pass over 2.56M entries costs less than
 the block screening's two reductions. Same indices either way.
