@@ -11,6 +11,9 @@
  *   threshold > 0:  |x| >= t  (NaN fails: an ordered comparison)
  *   zero_test:      x != 0    (NaN passes: an unordered comparison; -0 fails)
  * `out` must hold n entries (the worst case); the count is returned.
+ *
+ * One body serves float and double (GRAVAC_SCAN below, instantiated twice): only the
+ * element type, the SIMD width and the intrinsics' suffix differ.
  */
 #include <math.h>
 #include <stdint.h>
@@ -26,60 +29,41 @@ static inline int64_t emit(uint64_t bits, int64_t base, int64_t *out, int64_t c)
     return c;
 }
 
-int64_t gravac_scan_f32(const float *x, int64_t n, float t, int zero_test, int64_t *out) {
-    const __m128 sign = _mm_set1_ps(-0.0f), tv = _mm_set1_ps(t), zero = _mm_setzero_ps();
-    int64_t c = 0, i = 0;
-    for (; i + 64 <= n; i += 64) {
-        uint64_t bits = 0;
-        for (int j = 0; j < 64; j += 4) {
-            __m128 v = _mm_loadu_ps(x + i + j);
-            __m128 m = zero_test ? _mm_cmpneq_ps(v, zero)
-                                 : _mm_cmpge_ps(_mm_andnot_ps(sign, v), tv);
-            bits |= (uint64_t)_mm_movemask_ps(m) << j;
-        }
-        c = emit(bits, i, out, c);
-    }
-    for (; i < n; i++)
-        if (zero_test ? x[i] != 0.0f : fabsf(x[i]) >= t) out[c++] = i;
-    return c;
-}
-
-int64_t gravac_scan_f64(const double *x, int64_t n, double t, int zero_test, int64_t *out) {
-    const __m128d sign = _mm_set1_pd(-0.0), tv = _mm_set1_pd(t), zero = _mm_setzero_pd();
-    int64_t c = 0, i = 0;
-    for (; i + 64 <= n; i += 64) {
-        uint64_t bits = 0;
-        for (int j = 0; j < 64; j += 2) {
-            __m128d v = _mm_loadu_pd(x + i + j);
-            __m128d m = zero_test ? _mm_cmpneq_pd(v, zero)
-                                  : _mm_cmpge_pd(_mm_andnot_pd(sign, v), tv);
-            bits |= (uint64_t)_mm_movemask_pd(m) << j;
-        }
-        c = emit(bits, i, out, c);
-    }
-    for (; i < n; i++)
-        if (zero_test ? x[i] != 0.0 : fabs(x[i]) >= t) out[c++] = i;
-    return c;
+/* NAME(x, n, t, zero_test, out) for element type T in SSE2 vectors VT of LANES entries;
+ * SFX is the intrinsics' suffix (ps: 4 floats, pd: 2 doubles), ABS the scalar |.|. */
+#define GRAVAC_SCAN(NAME, T, VT, LANES, SFX, ABS)                                          \
+int64_t NAME(const T *x, int64_t n, T t, int zero_test, int64_t *out) {                   \
+    const VT sign = _mm_set1_##SFX((T)-0.0), tv = _mm_set1_##SFX(t),                      \
+             zero = _mm_setzero_##SFX();                                                  \
+    int64_t c = 0, i = 0;                                                                 \
+    for (; i + 64 <= n; i += 64) {                                                        \
+        uint64_t bits = 0;                                                                \
+        for (int j = 0; j < 64; j += LANES) {                                             \
+            VT v = _mm_loadu_##SFX(x + i + j);                                            \
+            VT m = zero_test ? _mm_cmpneq_##SFX(v, zero)                                  \
+                             : _mm_cmpge_##SFX(_mm_andnot_##SFX(sign, v), tv);            \
+            bits |= (uint64_t)_mm_movemask_##SFX(m) << j;                                 \
+        }                                                                                 \
+        c = emit(bits, i, out, c);                                                        \
+    }                                                                                     \
+    for (; i < n; i++)                                                                    \
+        if (zero_test ? x[i] != (T)0 : ABS(x[i]) >= t) out[c++] = i;                      \
+    return c;                                                                             \
 }
 
 #else  /* no SSE2 (not x86-64): the same loop, one entry at a time, without branches */
 
-int64_t gravac_scan_f32(const float *x, int64_t n, float t, int zero_test, int64_t *out) {
-    int64_t c = 0;
-    for (int64_t i = 0; i < n; i++) {
-        out[c] = i;
-        c += zero_test ? (x[i] != 0.0f) : (fabsf(x[i]) >= t);
-    }
-    return c;
-}
-
-int64_t gravac_scan_f64(const double *x, int64_t n, double t, int zero_test, int64_t *out) {
-    int64_t c = 0;
-    for (int64_t i = 0; i < n; i++) {
-        out[c] = i;
-        c += zero_test ? (x[i] != 0.0) : (fabs(x[i]) >= t);
-    }
-    return c;
+#define GRAVAC_SCAN(NAME, T, VT, LANES, SFX, ABS)                                          \
+int64_t NAME(const T *x, int64_t n, T t, int zero_test, int64_t *out) {                   \
+    int64_t c = 0;                                                                        \
+    for (int64_t i = 0; i < n; i++) {                                                     \
+        out[c] = i;                                                                       \
+        c += zero_test ? (x[i] != (T)0) : (ABS(x[i]) >= t);                               \
+    }                                                                                     \
+    return c;                                                                             \
 }
 
 #endif
+
+GRAVAC_SCAN(gravac_scan_f32, float, __m128, 4, ps, fabsf)
+GRAVAC_SCAN(gravac_scan_f64, double, __m128d, 2, pd, fabs)
