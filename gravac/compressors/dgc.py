@@ -19,6 +19,7 @@ import math
 
 import torch
 
+from .. import native
 from .base import (Compressor, SelectContext, exact_topk, kth_largest, sample_generator,
                    sample_magnitudes)
 from .blockscan import count_true, true_indices
@@ -75,29 +76,51 @@ class DGC(Compressor):
     def _select(self, x: torch.Tensor, k: int, ctx: SelectContext) -> torch.Tensor:
         if self._on_device(x):
             return self._select_on_device(x, k, ctx)
-        ax = self._magnitudes(x)
-        n = ax.numel()
+        # With gravac's native kernel a probe at a positive threshold is one read of x
+        # that returns the indices (the count is their number); otherwise |x| is written
+        # once and a probe is a mask and its count, the indices listed at the end. The
+        # same selection either way (the kernel's threshold 0 would mean x != 0, not
+        # |x| >= 0: a retry that lands on 0 takes the mask).
+        scan = native.scan_ok(x)
+        magnitudes: list[torch.Tensor] = [] if scan else [self._magnitudes(x)]
+
+        def ax() -> torch.Tensor:
+            if not magnitudes:
+                magnitudes.append(self._magnitudes(x))
+            return magnitudes[0]
+
+        n = x.numel()
         s = self._sample_size(n, k)
-        sample = sample_magnitudes(ax, s, sample_generator(self._seed, ctx))
+        sample = sample_magnitudes(x if scan else ax(), s, sample_generator(self._seed, ctx))
+        if scan:
+            sample = sample.abs()
         rank = math.ceil(k * s / n)
         low, high = (1 - self.tolerance) * k, (1 + self.tolerance) * k
         threshold = kth_largest(sample, rank)
         if not threshold > 0:
             # Mostly zeros: no threshold separates k entries; keep the exact top-k.
-            return self._topk_of_all(ax, k)
-        mask = self._at_least(ax, threshold)
-        count = count_true(mask)
+            return self._topk_of_all(x, k)
+
+        def probe(t):
+            """(count of |x| >= t, a function listing their indices)"""
+            if scan and t > 0:
+                found = native.scan(x, t)
+                return found.numel(), lambda: found
+            mask = self._at_least(ax(), t)
+            return count_true(mask), lambda: true_indices(mask)
+
+        count, listed = probe(threshold)
         for _ in range(self.max_retries):
             if low <= count <= high:
                 break
             rank, threshold = self._retry(sample, s, rank, threshold, count, k, high)
-            mask = self._at_least(ax, threshold)
-            count = count_true(mask)
+            count, listed = probe(threshold)
         if count < low:
-            return self._topk_of_all(ax, k)
-        selected = true_indices(mask)
+            return self._topk_of_all(x, k)
+        selected = listed()
         if count > k:
-            selected = selected.index_select(0, exact_topk(ax.index_select(0, selected), k))
+            selected = selected.index_select(
+                0, exact_topk(x.index_select(0, selected).abs_(), k))
         return selected
 
     def _select_on_device(self, x: torch.Tensor, k: int, ctx: SelectContext) -> torch.Tensor:

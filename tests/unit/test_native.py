@@ -102,3 +102,30 @@ def test_build_is_keyed_by_compiler_and_reused(monkeypatch, tmp_path):
     path = native.build()
     stamp = path.stat().st_mtime_ns
     assert native.build() == path and path.stat().st_mtime_ns == stamp
+
+
+@needs_kernel
+@pytest.mark.parametrize("name", ["topk", "dgc"])
+def test_selections_are_the_same_with_and_without_the_kernel(name, monkeypatch):
+    from gravac import compressors
+    from gravac.compressors import SelectContext
+
+    def picks():
+        out = []
+        for seed in range(5):
+            x = _awkward(100_000 + 7 * seed, torch.float32, seed)
+            if seed == 3:
+                x[:80_000] = 0.0                      # mostly zeros: the exact fallback
+            if seed == 4:                             # ties: DGC's retries reach 0
+                x = torch.randint(-3, 4, (x.numel(),), generator=torch.Generator()
+                                  .manual_seed(seed)).float()
+            for cf in (10, 100, 1000):
+                ctx = SelectContext(step=seed, layer=cf)
+                idx = compressors.get(name).select(x, x.numel() // cf, ctx)
+                out.append(idx.sort().values)
+        return out
+
+    with_kernel = picks()
+    monkeypatch.setenv("GRAVAC_NATIVE", "0")
+    without = picks()
+    assert all(torch.equal(a, b) for a, b in zip(with_kernel, without))
