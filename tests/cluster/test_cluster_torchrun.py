@@ -1,5 +1,6 @@
 """torch.distributed across two sandbox hosts: one torchrun per host (`cluster_sandbox.sh
---each`), 2 ranks each, the static rendezvous on h0 (GRAVAC_NODE_RANK fixes each host's ranks), as README shows."""
+--each`), 2 ranks each, as README shows: GRAVAC_NODE_RANK fixes each host's ranks, so
+run_torchrun.sh takes the static rendezvous, hosted on h0."""
 import json
 
 from jobs import read_records
