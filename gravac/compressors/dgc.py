@@ -82,16 +82,10 @@ class DGC(Compressor):
         # same selection either way (the kernel's threshold 0 would mean x != 0, not
         # |x| >= 0: a retry that lands on 0 takes the mask).
         scan = native.scan_ok(x)
-        magnitudes: list[torch.Tensor] = [] if scan else [self._magnitudes(x)]
-
-        def ax() -> torch.Tensor:
-            if not magnitudes:
-                magnitudes.append(self._magnitudes(x))
-            return magnitudes[0]
-
+        ax = None if scan else self._magnitudes(x)     # |x|, written only when a mask needs it
         n = x.numel()
         s = self._sample_size(n, k)
-        sample = sample_magnitudes(x if scan else ax(), s, sample_generator(self._seed, ctx))
+        sample = sample_magnitudes(x if scan else ax, s, sample_generator(self._seed, ctx))
         if scan:
             sample = sample.abs()
         rank = math.ceil(k * s / n)
@@ -103,10 +97,13 @@ class DGC(Compressor):
 
         def probe(t):
             """(count of |x| >= t, a function listing their indices)"""
+            nonlocal ax
             if scan and t > 0:
                 found = native.scan(x, t)
                 return found.numel(), lambda: found
-            mask = self._at_least(ax(), t)
+            if ax is None:
+                ax = self._magnitudes(x)
+            mask = self._at_least(ax, t)
             return count_true(mask), lambda: true_indices(mask)
 
         count, listed = probe(threshold)
