@@ -12,6 +12,8 @@ Example::
 
     comm = gravac.comm.init("auto")
     print(comm.backend, comm.rank, comm.size)
+    ...                      # train
+    comm.close()             # every rank, after its last collective
 """
 from __future__ import annotations
 
@@ -92,7 +94,8 @@ def init(backend: str = "auto", horovod_cycle_time_ms="auto",
     import torch.distributed as dist
 
     from .torchdist import TorchDistComm
-    if not dist.is_initialized():
+    started = not dist.is_initialized()
+    if started:
         if "MASTER_ADDR" not in os.environ and "TORCHELASTIC_RUN_ID" not in os.environ:
             raise RuntimeError("backend 'torch' needs a torchrun launch (torchrun "
                                "--nproc-per-node N ...) or MASTER_ADDR/MASTER_PORT/RANK/"
@@ -101,7 +104,7 @@ def init(backend: str = "auto", horovod_cycle_time_ms="auto",
         if gpu:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
         dist.init_process_group("nccl" if gpu else "gloo")
-    return TorchDistComm()
+    return TorchDistComm(owns_process_group=started)
 
 
 __all__ = ["BACKENDS", "OPS", "Comm", "Done", "Handle", "LocalComm", "detect_backend", "init"]

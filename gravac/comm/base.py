@@ -135,6 +135,11 @@ class Comm(ABC):
         """Return only when every rank has called it."""
         self.allreduce(torch.zeros(1), op="sum", name=name)
 
+    def close(self) -> None:
+        """Collective, once, after the last collective of the job: end the transport in
+        order on every rank. Here nothing: a transport that ``init`` started and that
+        needs an orderly end (torch.distributed) overrides it."""
+
     # -- groups ----------------------------------------------------------------------------
     @abstractmethod
     def subgroup(self, ranks: Sequence[int], name: str) -> "Comm | None":

@@ -38,7 +38,8 @@ class TorchDistComm(Comm):
 
     backend = "torch"
 
-    def __init__(self, group=None, local_rank: int | None = None, local_size: int | None = None):
+    def __init__(self, group=None, local_rank: int | None = None, local_size: int | None = None,
+                 owns_process_group: bool = False):
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError("torch.distributed is not initialised: launch with torchrun and "
                                "call torch.distributed.init_process_group (or gravac.comm.init"
@@ -53,6 +54,8 @@ class TorchDistComm(Comm):
         node = int(os.environ["GROUP_RANK"]) if group is None and "GROUP_RANK" in os.environ \
             else None
         super().__init__(rank, size, local_rank, local_size, node=node)
+        # init() started the default process group for this Comm: close() ends it.
+        self._owns = bool(owns_process_group) and group is None
         self._nccl = dist.get_backend(group) == "nccl"
         self._wire_device = (torch.device("cuda", torch.cuda.current_device()) if self._nccl
                              else torch.device("cpu"))
@@ -146,6 +149,21 @@ class TorchDistComm(Comm):
 
     def barrier(self, name: str) -> None:
         dist.barrier(group=self.group)
+
+    def close(self) -> None:
+        """A barrier, then ``destroy_process_group`` when ``init`` started the group.
+
+        Why: a process that exits with its group alive leaves its peers' sockets to be
+        torn down by exit order, and a rank still reading then may fail after the job's
+        work is done (a torchrun job across hosts once ended with SIGABRT on a rank after
+        its last step). The barrier makes every rank reach the end of its collectives
+        first; destroying the group closes them in order. A group the caller started is
+        the caller's to end: then nothing happens here."""
+        if not self._owns or not dist.is_initialized():
+            return
+        dist.barrier()
+        dist.destroy_process_group()
+        self._owns = False
 
     # -- groups ----------------------------------------------------------------------------
     def subgroup(self, ranks: Sequence[int], name: str) -> "TorchDistComm | None":

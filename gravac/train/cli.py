@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import sys
 
 from .config import ConfigError, load_config
@@ -79,6 +80,9 @@ def main(argv=None) -> int:
     from .checkpoint import CheckpointError
     from .signals import Interrupted
 
+    # A rank that dies in native code (SIGSEGV, SIGABRT) prints its Python stacks: the
+    # launcher reports only the signal, and on another host nothing else would tell where.
+    faulthandler.enable(all_threads=True)
     try:
         train(cfg, resume=args.resume, dry_run=args.dry_run)
     except ConfigError as exc:

@@ -556,6 +556,7 @@ def train(cfg: Config, resume: bool = False, dry_run: bool = False) -> dict:
         if trainer.rank == 0:
             print(dump_yaml(cfg), end="")
             print(trainer.describe())
+        comm.close()
         return {"run_dir": str(trainer.run_dir), "dry_run": True}
     trainer.stop = StopSignal(trainer.rank).install()
     try:
@@ -567,9 +568,13 @@ def train(cfg: Config, resume: bool = False, dry_run: bool = False) -> dict:
         trainer.open_log()
         try:
             trainer.run()
-            return trainer.finish()
+            result = trainer.finish()
         finally:
             trainer.close_log()
+        # Only after a run that ended on every rank: a failed rank's peers are stopped by
+        # the launcher (or the stall watchdog), not kept waiting in a barrier.
+        comm.close()
+        return result
     except Interrupted as stop:
         if trainer.rank == 0:
             print(stop, flush=True)              # "interrupted by SIGTERM at step N: ..."

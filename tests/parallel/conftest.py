@@ -22,6 +22,12 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "horovod_only: needs Horovod (e.g. Horovod Elastic)")
 
 
+def pytest_unconfigure(config):
+    # Every rank, after its last test: torch.distributed's group ends in order (a barrier,
+    # then destroy_process_group), not by exit order; under Horovod nothing happens.
+    COMM.close()
+
+
 def pytest_collection_modifyitems(config, items):
     if BACKEND != "horovod":
         skip = pytest.mark.skip(reason=f"Horovod only; this run uses the {BACKEND} transport")
