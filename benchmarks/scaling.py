@@ -440,10 +440,14 @@ def chunk_bytes(layers: int, kept: int, value_bytes: int = 4, index_bytes: int =
 
 
 def index_buffer_bytes(model: ModelShapes, theta_min: float, theta_c: float | None) -> int:
-    """shared_index's integer buffer (int32): per layer a count per level, then the
-    slots of each level (Top-k's exact k; a candidate's too when one is planned)."""
-    slots = model.kept_total(theta_min) + (model.kept_total(theta_c) if theta_c else 0)
-    return 4 * (2 * model.layers_comp + slots)
+    """shared_index's byte buffer: per layer a count per level (int32), then a field per
+    level for Top-k's exact k (a candidate's too when one is planned), each sized as the
+    engine sizes it (gravac/engine/index_codec.py: ~1.1 bytes an index at CF 10, ~2 at
+    CF 1000, against int32's 4)."""
+    from gravac.engine.index_codec import plan
+    levels = [theta_min] + ([theta_c] if theta_c else [])
+    return 8 * model.layers_comp + sum(plan(n, num_kept(n, theta)).nbytes
+                                       for n in model.comp for theta in levels)
 
 
 def _lowrank_of(case: StepCase, model: ModelShapes) -> LowRank:
@@ -852,22 +856,36 @@ def allgather_crossover_exact(theta: float, n_floats: float, link: Link,
 
 
 def shared_index_crossover_approx(theta: float, n_comp: float, link: Link,
-                                  gains: bool = False) -> float:
+                                  gains: bool = False, index_bytes: float | None = None) -> float:
     """Where shared_index stops beating a dense ring allreduce, one rank per host: its
-    bytes are a fixed share of dense's (indices + values ≈ 2·4n/θ against 4n, whatever
+    bytes are a fixed share of dense's (values 4n/θ and indices b·n/θ against 4n, whatever
     N), but it has one more allreduce round (the indices; two with GraVAC's gains), whose
     2(N−1)α grows with N. Neglecting the small layers, the layer counts and the flags:
 
-        2(N−1)α·(1 + gains) = 2(N−1)/N·β·4n(1 − 2/θ)
-        ⇔  N* = 4nβ(1 − 2/θ) / (α(1 + gains))
+        2(N−1)α·(1 + gains) = 2(N−1)/N·β·n(4 − (4 + b)/θ)
+        ⇔  N* = nβ(4 − (4 + b)/θ) / (α(1 + gains))
 
-    >>> round(shared_index_crossover_approx(100, 1e6, Link(1e-5, 1e-9)), 6)
+    b, the bytes of an index: ``index_bytes``, else what the engine's codec spends on one
+    layer of n_comp entries (``index_bytes_per_entry``; 1.78 at n = 1e6, θ = 100).
+
+    >>> round(shared_index_crossover_approx(100, 1e6, Link(1e-5, 1e-9), index_bytes=4), 6)
     392.0
+    >>> round(shared_index_crossover_approx(100, 1e6, Link(1e-5, 1e-9)), 4)
+    394.2184
     """
     if link.alpha_s <= 0:
         return math.inf
-    return 4.0 * n_comp * link.beta_s_per_byte * (1.0 - 2.0 / theta) / \
+    b = index_bytes_per_entry(int(n_comp), theta) if index_bytes is None else index_bytes
+    return n_comp * link.beta_s_per_byte * (4.0 - (4.0 + b) / theta) / \
         (link.alpha_s * (2 if gains else 1))
+
+
+def index_bytes_per_entry(numel: int, theta: float) -> float:
+    """Bytes shared_index's buffer spends per index of one layer of ``numel`` at CF θ
+    (gravac/engine/index_codec.py, padding included)."""
+    from gravac.engine.index_codec import plan
+    k = num_kept(numel, theta)
+    return plan(numel, k).nbytes / k
 
 
 # -- least squares ----------------------------------------------------------------------------

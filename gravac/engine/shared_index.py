@@ -16,9 +16,10 @@ the others wait for is split over the ranks instead of done by one (docs/ALGORIT
 1. error feedback: g_ef = grad + residual (every rank keeps its own residual);
 2. each rank runs both levels' selection on its g_ef for the layers it leads (the
    compressor as configured, so DGC's and RedSync's thresholds work too); ONE allreduce
-   (sum) of an integer buffer tells every rank every leader's indices (each rank writes
-   its layers' slots, zeros elsewhere: a broadcast whose traffic does not grow with N).
-   Its layout is fixed by the plan and the compressor's ``count_bounds``, so no round is
+   (sum) of a byte buffer tells every rank every leader's indices (each rank writes its
+   layers' fields, zeros elsewhere: a broadcast whose traffic does not grow with N). A
+   field holds a layer's indices ascending in ~1-2 bytes each (``index_codec.py``). The
+   layout is fixed by the plan and the compressor's ``count_bounds``, so no round is
    needed to learn sizes. Random-k with a shared seed
    draws the same indices on every rank and skips this round;
 3. each rank takes its own values at the shared indices, for both levels; the gains are
@@ -40,6 +41,7 @@ import torch
 
 from ..compressors import num_kept
 from ..controllers import SENT_DENSE
+from . import index_codec
 from .hierarchical import shard_layers
 from .phases import PhaseClock
 from .selection import Selection, apply_decision
@@ -154,52 +156,60 @@ class SharedIndexStep:
             return [self._select(layer, g_ef, cf, theta_c if c else None, step)
                     for (layer, g_ef, cf), c in zip(fed, with_candidate)]
         leaders = self.leaders(step)
-        # The integer buffer: per layer, its count at each level, then slots for each level
-        # as many as the compressor may return (count_bounds), zeros where unused.
-        slots = []
+        # The byte buffer: the counts of each level per layer (int32), then per layer a
+        # field per level as large as the compressor may need (count_bounds), its indices
+        # ascending in fewer bytes than int32 (index_codec.py), zeros where unused.
+        fields = []
         for (layer, _, cf), c in zip(fed, with_candidate):
             high_min = e.compressor.count_bounds(num_kept(layer.numel, cf), layer.numel)[1]
             high_c = e.compressor.count_bounds(num_kept(layer.numel, theta_c),
                                                high_min)[1] if c else 0
-            slots.append((high_min, high_c))
+            fields.append((index_codec.plan(layer.numel, high_min),
+                           index_codec.plan(layer.numel, high_c) if c else None))
         n_layers = len(fed)
-        big = any(layer.numel >= 2**31 for layer, _, _ in fed)
-        dtype = torch.int64 if big else torch.int32
+        starts, total = [], 8 * n_layers                 # the header: 2 int32 per layer
+        for field_min, field_c in fields:
+            starts.append(total)
+            total += field_min.nbytes + (field_c.nbytes if field_c else 0)
         device = fed[0][1].device if fed else torch.device("cpu")
-        total = 2 * n_layers + sum(a + b for a, b in slots)
-        buf = torch.zeros(total, dtype=dtype, device=device)
+        buf = torch.zeros(total, dtype=torch.uint8, device=device)
         mine = [i for i, (layer, _, _) in enumerate(fed) if leaders[layer.name] == e.comm.rank]
         if mine:
             # Both levels of every layer this rank leads, in one select_all (the compressor
             # may batch them); the second level where θc > the layer's CF.
             chosen = e.select_all([fed[i] for i in mine], theta_c, step)
-            starts = [2 * n_layers]
-            for high_min, high_c in slots[:-1]:
-                starts.append(starts[-1] + high_min + high_c)
             # The counts are known on the host: written into the buffer with one copy at
             # the end (an element written at a time is a host-to-device copy each on a GPU).
             counts = [0] * (2 * n_layers)
             for i, sel in zip(mine, chosen):
+                field_min, field_c = fields[i]
                 pos = starts[i]
                 counts[i] = sel.idx_min.numel()
-                buf[pos:pos + counts[i]] = sel.idx_min.to(dtype)
+                index_codec.encode(field_min, index_codec.ascending(sel.idx_min),
+                                   buf[pos:pos + field_min.nbytes])
                 if sel.idx_c is not None:
-                    pos += slots[i][0]
+                    pos += field_min.nbytes
                     counts[n_layers + i] = sel.idx_c.numel()
-                    buf[pos:pos + counts[n_layers + i]] = sel.idx_c.to(dtype)
-            buf[:2 * n_layers] = torch.tensor(counts, dtype=dtype)
+                    index_codec.encode(field_c, index_codec.ascending(sel.idx_c),
+                                       buf[pos:pos + field_c.nbytes])
+            buf[:8 * n_layers].view(torch.int32).copy_(torch.tensor(counts, dtype=torch.int32))
         clock.lap("t_select", sync=True)
-        self._index_bytes = buf.numel() * buf.element_size()     # what each rank sends
+        self._index_bytes = total                                # what each rank sends
         if total:
-            buf = e.comm.allreduce(buf, op="sum", name=f"{e.prefix}.indices")
+            # Summed as int32 (both transports reduce it; one rank wrote each byte, the
+            # others zeros, so the sum is that rank's bytes exactly).
+            buf = e.comm.allreduce(buf.view(torch.int32), op="sum",
+                                   name=f"{e.prefix}.indices").view(torch.uint8)
         clock.lap("t_wait_exchange", sync=True)
-        counts = buf[:2 * n_layers].tolist()
-        out, pos = [], 2 * n_layers
-        for i, ((high_min, high_c), c) in enumerate(zip(slots, with_candidate)):
-            idx_min = buf[pos:pos + counts[i]].to(torch.int64)
-            pos += high_min
-            idx_c = buf[pos:pos + counts[n_layers + i]].to(torch.int64) if c else None
-            pos += high_c
+        counts = buf[:8 * n_layers].view(torch.int32).tolist()
+        out = []
+        for i, ((field_min, field_c), pos) in enumerate(zip(fields, starts)):
+            idx_min = index_codec.decode(field_min, buf[pos:pos + field_min.nbytes], counts[i])
+            idx_c = None
+            if field_c is not None:
+                pos += field_min.nbytes
+                idx_c = index_codec.decode(field_c, buf[pos:pos + field_c.nbytes],
+                                           counts[n_layers + i])
             out.append((idx_min, idx_c))
         return out
 

@@ -68,9 +68,14 @@ def test_byte_counts_match_gravacs_codec_and_num_kept():
         buffer, _ = codec.pack(sel)
         assert S.chunk_bytes(2, TINY.kept_total(theta)) == buffer.numel()
     assert S.chunk_bytes(3, 5) == 8 * 7 + 24 + 24
-    # shared_index's int32 buffer: 2 counts per layer + the slots of each level
-    assert S.index_buffer_bytes(TINY, 10, None) == 4 * (2 * 2 + 200 + 300)
-    assert S.index_buffer_bytes(TINY, 10, 100) == 4 * (2 * 2 + 500 + 20 + 30)
+    # shared_index's byte buffer: 2 int32 counts per layer + each level's field, sized as
+    # the engine's codec sizes it
+    from gravac.engine.index_codec import plan
+    fields = {theta: sum(plan(n, S.num_kept(n, theta)).nbytes for n in TINY.comp)
+              for theta in (10, 100)}
+    assert S.index_buffer_bytes(TINY, 10, None) == 8 * 2 + fields[10]
+    assert S.index_buffer_bytes(TINY, 10, 100) == 8 * 2 + fields[10] + fields[100]
+    assert fields[10] < 4 * 500                  # fewer bytes than int32 indices
 
 
 def test_powersgd_ranks_match_gravac():
@@ -111,7 +116,7 @@ def test_dense_fp16_shared_index_powersgd_by_hand():
     assert S.comm_time(S.StepCase("dense"), TINY, layout, net) == approx(2 * A + 4 * n * B)
     assert S.comm_time(S.StepCase("fp16"), TINY, layout, net) == approx(2 * A + 2 * n * B)
     si = S.StepCase("shared_index", theta=10)
-    index = 4 * (4 + 500)
+    index = S.index_buffer_bytes(TINY, 10, None)
     # round 1: indices (allreduce as broadcast); round 2: values + dense + flags, fused
     assert S.comm_time(si, TINY, layout, net) == approx(
         2 * A + index * B + 2 * A + (4 * 500 + 40 + 16) * B)
@@ -434,10 +439,14 @@ def test_shared_index_cost_is_independent_of_n_for_large_n():
     assert payload[1024] / payload[512] == pytest.approx(1.0, abs=2e-3)
     assert payload[512] / payload[256] == pytest.approx(1.0, abs=4e-3)
     k = model.kept_total(100)
-    assert payload[1024] == pytest.approx(2 * 1023 / 1024 * (4 * (4 + k) + 4 * k) * beta)
-    # ≈ 2·(values + indices)·β = 16·n/θ·β, a 2/θ share of the dense ring's 8n·β
+    index = S.index_buffer_bytes(model, 100, None)
+    assert payload[1024] == pytest.approx(2 * 1023 / 1024 * (index + 4 * k) * beta)
+    # ≈ 2·(values + indices)·β = 2·(4 + b)·n/θ·β, b ≈ 1.8 bytes an index here: a (4 + b)/4θ
+    # share of the dense ring's 8n·β
+    b = (index - 16) / k
+    assert 1.7 < b < 1.9
     dense = S.comm_time(S.StepCase("dense"), model, S.Layout(1024, 1), net)
-    assert payload[1024] / dense == pytest.approx(2 / 100, rel=0.01)
+    assert payload[1024] / dense == pytest.approx((4 + b) / 400, rel=0.01)
     # the allgather's grows linearly with N
     ag = [S.comm_time(S.StepCase("allgather", theta=100), model, S.Layout(n, 1), net)
           for n in (256, 512)]

@@ -72,7 +72,9 @@ class ThreadComm(Comm):
         check_op(op)
 
         def combine(values):
-            total = torch.stack(values).sum(0)
+            # in the input's dtype, as Horovod and torch.distributed return it (torch's sum
+            # of int32 would give int64)
+            total = torch.stack(values).sum(0, dtype=values[0].dtype)
             return total / len(values) if op == "average" else total
         return Done(self._collective("allreduce", name, tensor.clone(), combine).clone())
 
