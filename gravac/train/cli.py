@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
+import io
 import sys
 
 from .config import ConfigError, load_config
@@ -59,6 +60,16 @@ def check(cfg) -> None:
     build_task(cfg, rank=0, world_size=1)
 
 
+def _print_stacks_on_crash() -> None:
+    """A rank that dies in native code (SIGSEGV, SIGABRT) prints its Python stacks: the
+    launcher reports only the signal, and on another host nothing else would tell where.
+    Skipped where stderr is no file (main() called under a capturing test runner)."""
+    try:
+        faulthandler.enable(file=sys.stderr, all_threads=True)
+    except (AttributeError, ValueError, io.UnsupportedOperation):
+        pass
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:
@@ -80,9 +91,7 @@ def main(argv=None) -> int:
     from .checkpoint import CheckpointError
     from .signals import Interrupted
 
-    # A rank that dies in native code (SIGSEGV, SIGABRT) prints its Python stacks: the
-    # launcher reports only the signal, and on another host nothing else would tell where.
-    faulthandler.enable(all_threads=True)
+    _print_stacks_on_crash()
     try:
         train(cfg, resume=args.resume, dry_run=args.dry_run)
     except ConfigError as exc:

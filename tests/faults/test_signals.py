@@ -104,3 +104,24 @@ def test_a_second_signal_exits_at_once():
     assert proc.stdout == f"noted {int(signal.SIGTERM)}\n"
     assert "[rank 3] SIGTERM: stopping at the next check" in proc.stderr
     assert "[rank 3] second SIGINT: exiting now, without a checkpoint" in proc.stderr
+
+
+def test_a_rank_that_dies_in_native_code_prints_its_python_stacks(tmp_path):
+    """SIGABRT (what a C++ abort raises) to a running train.py: faulthandler prints where
+    every thread was before the process dies of the signal."""
+    run_dir = tmp_path / "abort"
+    job = subprocess.Popen([sys.executable, "train.py", "--config", "configs/demo.yaml",
+                            "--set", f"run.output_dir={tmp_path}", "--set", "run.name=abort",
+                            "--set", "run.steps=1000000", "--set", "run.backend=local",
+                            "--set", "run.log_interval=1", "--set", "run.progress=never",
+                            "--set", "run.report=false", "--set", "run.eval_interval=0"],
+                           cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 300
+    while _last_step(run_dir) < 3 and time.time() < deadline and job.poll() is None:
+        time.sleep(0.1)
+    job.send_signal(signal.SIGABRT)
+    code = job.wait(timeout=300)
+    output = job.stdout.read()
+    assert code == -signal.SIGABRT, output[-3000:]
+    assert "Fatal Python error: Aborted" in output, output[-3000:]
+    assert "train.py" in output.split("Fatal Python error: Aborted", 1)[1]
