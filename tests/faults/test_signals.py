@@ -67,18 +67,26 @@ def test_sigterm_to_one_rank_checkpoints_on_every_rank_and_resume_continues(tmp_
     assert json.loads((run_dir / "checkpoints/latest.json").read_text())["step"] == step + 10
 
 
-def test_sigint_exits_130_with_a_checkpoint(tmp_path):
-    """One process (run.backend=local), Ctrl-C: a checkpoint and exit code 130."""
-    run_dir = tmp_path / "ctrlc"
+def _local_job_past(tmp_path: Path, name: str, step: int) -> subprocess.Popen:
+    """A one-process train.py (run.backend=local) of endless steps, once it has logged
+    ``step`` (or ended, or 300 s passed: a guard against a broken set-up)."""
+    run_dir = tmp_path / name
     job = subprocess.Popen([sys.executable, "train.py", "--config", "configs/demo.yaml",
-                            "--set", f"run.output_dir={tmp_path}", "--set", "run.name=ctrlc",
+                            "--set", f"run.output_dir={tmp_path}", "--set", f"run.name={name}",
                             "--set", "run.steps=1000000", "--set", "run.backend=local",
                             "--set", "run.log_interval=1", "--set", "run.progress=never",
                             "--set", "run.report=false", "--set", "run.eval_interval=0"],
                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.time() + 300
-    while _last_step(run_dir) < 10 and time.time() < deadline and job.poll() is None:
+    while _last_step(run_dir) < step and time.time() < deadline and job.poll() is None:
         time.sleep(0.1)
+    return job
+
+
+def test_sigint_exits_130_with_a_checkpoint(tmp_path):
+    """One process (run.backend=local), Ctrl-C: a checkpoint and exit code 130."""
+    run_dir = tmp_path / "ctrlc"
+    job = _local_job_past(tmp_path, "ctrlc", 10)
     job.send_signal(signal.SIGINT)
     code = job.wait(timeout=300)
     output = job.stdout.read()
@@ -109,16 +117,7 @@ def test_a_second_signal_exits_at_once():
 def test_a_rank_that_dies_in_native_code_prints_its_python_stacks(tmp_path):
     """SIGABRT (what a C++ abort raises) to a running train.py: faulthandler prints where
     every thread was before the process dies of the signal."""
-    run_dir = tmp_path / "abort"
-    job = subprocess.Popen([sys.executable, "train.py", "--config", "configs/demo.yaml",
-                            "--set", f"run.output_dir={tmp_path}", "--set", "run.name=abort",
-                            "--set", "run.steps=1000000", "--set", "run.backend=local",
-                            "--set", "run.log_interval=1", "--set", "run.progress=never",
-                            "--set", "run.report=false", "--set", "run.eval_interval=0"],
-                           cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.time() + 300
-    while _last_step(run_dir) < 3 and time.time() < deadline and job.poll() is None:
-        time.sleep(0.1)
+    job = _local_job_past(tmp_path, "abort", 3)
     job.send_signal(signal.SIGABRT)
     code = job.wait(timeout=300)
     output = job.stdout.read()
