@@ -444,10 +444,16 @@ def index_buffer_bytes(model: ModelShapes, theta_min: float, theta_c: float | No
     level for Top-k's exact k (a candidate's too when one is planned), each sized as the
     engine sizes it (gravac/engine/index_codec.py: ~1.1 bytes an index at CF 10, ~2 at
     CF 1000, against int32's 4)."""
-    from gravac.engine.index_codec import plan
     levels = [theta_min] + ([theta_c] if theta_c else [])
-    return 8 * model.layers_comp + sum(plan(n, num_kept(n, theta)).nbytes
+    return 8 * model.layers_comp + sum(index_field_bytes(n, theta)
                                        for n in model.comp for theta in levels)
+
+
+def index_field_bytes(numel: int, theta: float) -> int:
+    """The bytes of one layer's index field at CF θ in shared_index's buffer, as the
+    engine sizes it (``index_codec.plan`` for Top-k's exact k, padding included)."""
+    from gravac.engine.index_codec import plan
+    return plan(numel, num_kept(numel, theta)).nbytes
 
 
 def _lowrank_of(case: StepCase, model: ModelShapes) -> LowRank:
@@ -883,9 +889,7 @@ def shared_index_crossover_approx(theta: float, n_comp: float, link: Link,
 def index_bytes_per_entry(numel: int, theta: float) -> float:
     """Bytes shared_index's buffer spends per index of one layer of ``numel`` at CF θ
     (gravac/engine/index_codec.py, padding included)."""
-    from gravac.engine.index_codec import plan
-    k = num_kept(numel, theta)
-    return plan(numel, k).nbytes / k
+    return index_field_bytes(numel, theta) / num_kept(numel, theta)
 
 
 # -- least squares ----------------------------------------------------------------------------
