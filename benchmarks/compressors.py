@@ -25,6 +25,11 @@ the device and the target verdict come last (under 50 lines in all, for a log's 
     python benchmarks/compressors.py --device cuda [--json compressors_cuda.json]
 
 Target on an H200: topk at 100M elements, CF 100, <= 3x one pass.
+
+Where Triton is importable, `topk[triton]` is Top-k with `device_candidates="triton"`
+(gravac/compressors/triton_candidates.py) on its sampled path at every size (its
+`device_direct_below` lowered to 65,536, so that 10M compares with `torch.topk` too), and
+the phases table gains its candidate kernels and the top-k among their magnitudes.
 """
 from __future__ import annotations
 
@@ -36,14 +41,22 @@ import sys
 import torch
 
 from gravac import compressors
-from gravac.compressors import SelectContext, num_kept
+from gravac.compressors import SelectContext, num_kept, triton_candidates
 from timing import cuda_times, median_time
 
 TARGETS = {"randomk": 0.5, "dgc": 2.5, "redsync": 5.0, "topk": 4.0}
-#: (compressor, n, CF) -> most multiples of one pass allowed on the GPU.
-CUDA_TARGETS = {("topk", 100_000_000, 100): 3.0}
 #: Pseudo-compressor: torch.topk over |x| (the exact reference), for comparison.
 TORCH_TOPK = "torch.topk"
+#: Pseudo-compressor: Top-k whose candidates come from the Triton kernels, sampled path
+#: at every size.
+TRITON_TOPK = "topk[triton]"
+#: (compressor, n, CF) -> most multiples of one pass allowed on the GPU.
+CUDA_TARGETS = {("topk", 100_000_000, 100): 3.0, (TRITON_TOPK, 100_000_000, 100): 3.0}
+#: The Top-k phases, in the table's order (the Triton ones only where it is importable).
+PHASES = ["sample -> threshold", "candidates: trunc(x / t) as 2 bytes, nonzero",
+          "(the same, threshold a 0-d device tensor)", "(plain scan: abs(x) >= t, nonzero)",
+          "top-k among the candidates", "candidates: Triton count + write",
+          "top-k among the Triton candidates"]
 
 
 def run(sizes, cfs, names, repeats, seed=0):
@@ -66,7 +79,8 @@ def run(sizes, cfs, names, repeats, seed=0):
 def _selector(name, k):
     if name == TORCH_TOPK:
         return lambda x, i: torch.topk(x.abs(), k, sorted=False).indices
-    comp = compressors.get(name)
+    comp = (compressors.get("topk", device_candidates="triton", device_direct_below=65_536)
+            if name == TRITON_TOPK else compressors.get(name))
     return lambda x, i: comp.select(x, k, SelectContext(step=i))
 
 
@@ -81,24 +95,33 @@ def _topk_phases(n, xs, repeats, timer=cuda_times):
     inputs prepared by the phase before it; and, for comparison, the same candidate pass
     with the threshold as a 0-d device tensor (no host sync for it, but torch's strided
     broadcast kernel) and the plain candidate scan (|x| >= t, then nonzero) that the
-    2-byte quotient pass replaces."""
+    2-byte quotient pass replaces; where Triton is importable, its candidate kernels
+    (with the threshold on the device) and the top-k among the magnitudes they return."""
     comp = compressors.get("topk")
     k = num_kept(n, 100)
-    thresholds = [comp._device_threshold(x, k, SelectContext(step=j)) for j, x in enumerate(xs)]
+    on_device = [comp._device_threshold(x, k, SelectContext(step=j)) for j, x in enumerate(xs)]
+    thresholds = [t.item() for t in on_device]          # the torch path's host scalars
+    as_x = [t.to(x.dtype) for x, t in zip(xs, on_device)]
     candidates = [comp._device_candidates(x, t) for x, t in zip(xs, thresholds)]
-    on_device = [torch.tensor(t, dtype=x.dtype, device=x.device) for x, t in zip(xs, thresholds)]
     by_x = {id(x): j for j, x in enumerate(xs)}
     phases = {
         "sample -> threshold": lambda x, i: comp._device_threshold(x, k, SelectContext(step=i)),
         "candidates: trunc(x / t) as 2 bytes, nonzero":
             lambda x, i: comp._device_candidates(x, thresholds[by_x[id(x)]]),
         "(the same, threshold a 0-d device tensor)":
-            lambda x, i: comp._device_candidates(x, on_device[by_x[id(x)]]),
+            lambda x, i: comp._device_candidates(x, as_x[by_x[id(x)]]),
         "(plain scan: abs(x) >= t, nonzero)":
             lambda x, i: (x.abs() >= thresholds[by_x[id(x)]]).nonzero(),
         "top-k among the candidates":
             lambda x, i: comp._top_of_candidates(x, candidates[by_x[id(x)]], k),
     }
+    if triton_candidates.runs_on(xs[0].device):
+        fused = [triton_candidates.candidates_at_or_above(x, t) for x, t in zip(xs, on_device)]
+        phases["candidates: Triton count + write"] = \
+            lambda x, i: triton_candidates.candidates_at_or_above(x, on_device[by_x[id(x)]])
+        phases["top-k among the Triton candidates"] = \
+            lambda x, i: comp._top_of_candidates(x, fused[by_x[id(x)]][0], k,
+                                                 fused[by_x[id(x)]][1])
     rows = []
     for phase, fn in phases.items():
         rows.append({"phase": phase, "n": n, "cf": 100,
@@ -162,18 +185,18 @@ def print_cuda(header, rows, phases):
     """Per size: the one-pass baselines, torch.topk and the Top-k phases; then every
     compressor's time and ratio; the device and the target verdict last (a log's tail
     keeps them)."""
-    names = ["sample -> threshold", "candidates: trunc(x / t) as 2 bytes, nonzero",
-             "(the same, threshold a 0-d device tensor)", "(plain scan: abs(x) >= t, nonzero)",
-             "top-k among the candidates"]
+    names = [p for p in PHASES if any(q["phase"] == p for q in phases)]
+    triton = len(names) > 5
     cfs = sorted({r["cf"] for r in rows})
     sizes = sorted({r["n"] for r in rows})
     print(f"Per size (ms): one pass, {TORCH_TOPK}(abs(x)) at each CF, and the Top-k phases at "
           "CF 100 each timed alone (sample and threshold, candidates, the same with a 0-d "
-          "device threshold, the plain scan they replace, top-k among them)")
+          "device threshold, the plain scan they replace, top-k among them"
+          + ("; Triton's candidate kernels, top-k among their magnitudes)" if triton else ")"))
     print("| n | x.abs() | x.clone() | " + " | ".join(f"{TORCH_TOPK} CF {cf:g}" for cf in cfs)
           + " | sample | candidates | (0-d t) | (plain scan) | top-k of candidates "
-          "| candidates / k |")
-    print("|---:" * (3 + len(cfs) + 6) + "|")
+          + ("| Triton candidates | top-k of them " if triton else "") + "| candidates / k |")
+    print("|---:" * (3 + len(cfs) + len(names) + 1) + "|")
     for n in sizes:
         first = next(r for r in rows if r["n"] == n)
         ref = {r["cf"]: r for r in rows if r["n"] == n and r["compressor"] == TORCH_TOPK}
@@ -219,7 +242,8 @@ def main():
                         help="default: 1M 10M on cpu, 10M 30M 100M on cuda")
     parser.add_argument("--cfs", type=float, nargs="+", default=[10, 100, 1000])
     parser.add_argument("--compressors", nargs="+", default=None,
-                        help=f"default: topk dgc redsync randomk (cuda: also {TORCH_TOPK})")
+                        help=f"default: topk dgc redsync randomk (cuda: also {TORCH_TOPK}, "
+                             f"and {TRITON_TOPK} where Triton is installed)")
     parser.add_argument("--repeats", type=int, default=None, help="default: 7 cpu, 25 cuda")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json", metavar="PATH", help="also write every row to PATH")
@@ -231,7 +255,8 @@ def main():
             sys.exit("--device cuda: torch.cuda.is_available() is False (a CPU build of "
                      "torch, or no GPU visible)")
         if args.compressors is None:
-            names = names + [TORCH_TOPK]
+            names = names + [TORCH_TOPK] + (
+                [TRITON_TOPK] if triton_candidates.runs_on(torch.device("cuda")) else [])
         repeats = args.repeats or 25
         header = _cuda_header(repeats)
         rows, phases = run_cuda(args.sizes or [10_000_000, 30_000_000, 100_000_000],

@@ -49,6 +49,6 @@ part resume "$PY" train.py --config configs/demo.yaml --set run.backend=local \
     --set run.report=false --resume
 TAIL=60 part compressors "$PY" benchmarks/compressors.py --device cuda --json "$out/compressors.json"
 TAIL=30 part step "$PY" benchmarks/gpu_step.py --models resnet101 lstm resnet101_b128 lstm_b80 \
-    --methods plain dense topk10 gravac10 topk10_per_layer gravac10_per_layer \
+    --methods plain dense topk10 gravac10 topk10_per_layer gravac10_per_layer topk10_triton \
     --json "$out/gpu_step.json"
 exit $status

@@ -13,7 +13,10 @@ with the engine's exact phase split (a device sync at each phase boundary, as
 SGD, no gravac), ``dense`` (gravac's optimizer, compressor none), ``topk10`` (static Top-k
 at θmin 10x) and ``gravac10`` (GraVAC, θmin 10x with its 20x candidate: two levels and the
 gains every step); ``topk10_per_layer`` / ``gravac10_per_layer``: the same without Top-k's
-batched selection of the layers (``batch_layers=False``: one ``torch.topk`` per layer).
+batched selection of the layers (``batch_layers=False``: one ``torch.topk`` per layer);
+``topk10_triton`` / ``gravac10_triton``: every layer above ``DEVICE_BATCH_MAX`` (1M) entries,
+instead of ``torch.topk``, takes the sampled path with Triton's candidate kernels
+(``device_candidates="triton"``: the LSTM's 9-15M-entry layers, ResNet-101's largest).
 Issue 15's target: compression < 15% of the step at θmin 10x.
 
 Models (``--models``): ``resnet101`` (CIFAR-10 images, batch 32), ``lstm`` (2 layers,
@@ -39,6 +42,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from gravac.comm import LocalComm  # noqa: E402
+from gravac.compressors.topk import DEVICE_BATCH_MAX  # noqa: E402
 from gravac.controllers import GraVAC, Static  # noqa: E402
 from gravac.engine import wrap_optimizer  # noqa: E402
 from gravac.engine.phases import LOCAL_PHASES  # noqa: E402
@@ -59,7 +63,8 @@ SMALL = {
     "lstm": ("lstm", {"vocab_size": 500, "embedding_dim": 32, "hidden_dim": 32,
                       "num_layers": 2, "dropout": 0.0, "tie_weights": True}, 4, "lm"),
 }
-METHODS = ("plain", "dense", "topk10", "gravac10", "topk10_per_layer", "gravac10_per_layer")
+METHODS = ("plain", "dense", "topk10", "gravac10", "topk10_per_layer", "gravac10_per_layer",
+           "topk10_triton", "gravac10_triton")
 BPTT = 35
 
 
@@ -73,6 +78,8 @@ def _optimizer(method: str, model: torch.nn.Module):
                   GraVAC(theta_min=10, theta_max=1000, window=10_000))
     # "_per_layer": Top-k's select_many without batching the layers (one torch.topk each)
     options = {"batch_layers": not method.endswith("_per_layer")}
+    if method.endswith("_triton"):
+        options.update(device_candidates="triton", device_direct_below=DEVICE_BATCH_MAX)
     opt = wrap_optimizer(sgd, model.named_parameters(), LocalComm(), compressor="topk",
                          compressor_options=options, controller=controller)
     opt._engine.exact_phases = True    # a device sync per phase boundary: the exact split

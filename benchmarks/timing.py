@@ -49,3 +49,15 @@ def cuda_times(fn, inputs, repeats: int, warmup: int = 2) -> list[float]:
         events.append((start, end))
     torch.cuda.synchronize()
     return [start.elapsed_time(end) / 1e3 for start, end in events]
+
+
+def host_times(fn, inputs, repeats: int) -> list[float]:
+    """``cuda_times``'s contract with the host clock and no warm-up: seconds of ``fn(x, i)``
+    for ``repeats`` calls rotating through ``inputs``. What the GPU benchmarks' dry runs on
+    CPU tensors time with (tests check their code, not their numbers)."""
+    out = []
+    for i in range(repeats):
+        start = time.perf_counter()
+        fn(inputs[i % len(inputs)], i)
+        out.append(time.perf_counter() - start)
+    return out

@@ -53,7 +53,19 @@ torch_full=$("$PY" -c 'import torch; print(torch.__version__)')
 constraints=$(mktemp)
 trap 'rm -f "$constraints"' EXIT
 echo "torch==$torch_full" >"$constraints"
-grep -viE '^(torch|horovod)==' "$REQ" | "${PIP[@]}" install -q -c "$constraints" -r /dev/stdin
+grep -viE '^(torch|horovod|triton)==' "$REQ" | "${PIP[@]}" install -q -c "$constraints" -r /dev/stdin
+
+# 3b. Triton, only where none is importable: a CUDA torch brings the Triton it was built
+# with (never replace that one); on a CPU torch the pinned one lets the tests run gravac's
+# GPU kernels in Triton's interpreter. Its wheels are for Linux x86_64 and aarch64 only.
+if ! "$PY" -c 'import triton' 2>/dev/null; then
+    case "$(uname -s)-$(uname -m)" in
+        Linux-x86_64|Linux-aarch64)
+            say "installing triton==$(pin triton) (its interpreter tests the GPU kernels on CPU)"
+            "${PIP[@]}" install -q --no-deps "triton==$(pin triton)" ;;
+        *) say "no Triton wheel for $(uname -s)-$(uname -m): its CPU tests will be skipped" ;;
+    esac
+fi
 
 # 4. Horovod, from the cache or built from source ----------------------------------------
 py_tag=$("$PY" -c 'import sys; print(f"py{sys.version_info[0]}{sys.version_info[1]}")')

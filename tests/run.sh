@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Run the test suites: `tests/run.sh all|unit|parallel|faults|cluster` (`make test` runs all).
-# Unit tests run in one process; parallel tests twice, on each transport: under
+# Unit tests run in one process (the Triton kernels' interpreted tests in one more);
+# parallel tests twice, on each transport: under
 # horovodrun -np 2 --gloo and under torchrun --nproc-per-node 2 (gloo); fault tests
 # (tests/faults: killed and frozen ranks, property-based tests) launch their own jobs;
 # cluster tests (tests/cluster) launch jobs across the hosts of
@@ -24,6 +25,8 @@ status=0
 if [ "$what" = all ] || [ "$what" = unit ]; then
     echo "== unit tests =="
     "$PY" -m pytest tests/unit -q -p no:cacheprovider --junitxml="$results/unit.xml" || status=1
+    echo "== Triton kernels in Triton's CPU interpreter (a process of their own) =="
+    "$PY" -m pytest tests/triton -q -p no:cacheprovider --junitxml="$results/triton.xml" || status=1
 fi
 if [ "$what" = all ] || [ "$what" = parallel ]; then
     echo "== parallel tests, Horovod (horovodrun -np 2 --gloo) =="

@@ -36,6 +36,7 @@ import torch
 from .base import (Compressor, SelectContext, exact_topk, kth_largest, mix_seed,
                    sample_generator, sample_magnitudes)
 from .blockscan import passing_indices, scan_all
+from . import triton_candidates
 from .segmented import sample_rank, segmented_topk
 
 #: Calls a layer whose candidates filled most blocks is scanned without block screening.
@@ -65,6 +66,10 @@ DEVICE_BATCH_MAX = 1 << 20
 #: the LSTM's 5 bias vectors took 1.4 ms longer batched; ResNet-101's ~155 small layers
 #: 12 ms shorter.
 DEVICE_BATCH_MIN_LAYERS = 24
+#: How the accelerator path finds a large layer's candidates (``device_candidates``).
+#: "torch" stays the default until the Triton kernels are timed on a GPU (they have run
+#: only in Triton's CPU interpreter so far: docs/BENCHMARKS.md §7b).
+DEVICE_CANDIDATES = ("torch", "triton")
 
 
 class TopK(Compressor):
@@ -82,6 +87,10 @@ class TopK(Compressor):
             indices up to ties. False: one call per layer.
         seed: seed of the private generator used for sampling (results do not depend
             on it: only the speed does).
+        device_candidates: how a GPU finds the candidates of a layer above
+            ``device_direct_below``: ``"torch"`` (a pass of torch's and ``nonzero``; two
+            host syncs) or ``"triton"`` (``triton_candidates``: two fused kernels that
+            also return the magnitudes; one host sync). The same selection either way.
 
     Example::
 
@@ -92,9 +101,17 @@ class TopK(Compressor):
 
     def __init__(self, sample_fraction: float = 0.01, min_sample: int = 10_000,
                  direct_below: int = 65_536, seed: int = 0,
-                 device_direct_below: int | None = None, batch_layers: bool = True):
+                 device_direct_below: int | None = None, batch_layers: bool = True,
+                 device_candidates: str = "torch"):
         if not 0 < sample_fraction <= 1:
             raise ValueError(f"topk: sample_fraction must be in (0, 1], got {sample_fraction}")
+        if device_candidates not in DEVICE_CANDIDATES:
+            raise ValueError(f"topk: device_candidates must be one of {DEVICE_CANDIDATES}, "
+                             f"got {device_candidates!r}")
+        if device_candidates == "triton" and not triton_candidates.available():
+            raise ValueError("topk: device_candidates='triton' needs Triton, which is not "
+                             "installed (a CUDA build of torch brings it; or pip install triton)")
+        self.device_candidates = device_candidates
         self.sample_fraction = sample_fraction
         self.min_sample = int(min_sample)
         self.direct_below = int(direct_below)
@@ -170,31 +187,37 @@ class TopK(Compressor):
     # -- the accelerator path ---------------------------------------------------------
     def _select_on_device(self, x: torch.Tensor, k: int, ctx: SelectContext) -> torch.Tensor:
         """Sampled threshold -> candidates (one pass + nonzero) -> top-k among them.
-        Two host syncs (the threshold, the candidate count) unless the fallback runs."""
+        Two host syncs (the threshold, the candidate count) unless the fallback runs;
+        with ``device_candidates="triton"`` one (the count), and the candidates'
+        magnitudes come with them instead of a gather from x."""
         threshold = self._device_threshold(x, k, ctx)
-        candidates = self._device_candidates(x, threshold)
+        if self.device_candidates == "triton":
+            candidates, magnitudes = triton_candidates.candidates_at_or_above(x, threshold)
+        else:
+            candidates, magnitudes = self._device_candidates(x, threshold.item()), None
         if candidates.numel() < k:
             # An unlucky sample, heavy ties, or a zero threshold (mostly zeros: the
             # threshold was raised to the smallest normal number, so the candidates were
             # the nonzeros, fewer than k). Exact either way.
             return self._topk_of_all(x, k)
-        return self._top_of_candidates(x, candidates, k)
+        return self._top_of_candidates(x, candidates, k, magnitudes)
 
     def _device_sample_size(self, n: int) -> int:
         return min(n, max(self.min_sample,
                           min(math.ceil(n * self.sample_fraction), DEVICE_MAX_SAMPLE)))
 
-    def _device_threshold(self, x: torch.Tensor, k: int, ctx: SelectContext) -> float:
-        """The candidate threshold as a positive Python float, a value of x's dtype (one
-        host sync). A zero sample threshold (mostly zeros) becomes the dtype's smallest
-        normal number, so that the candidates are the nonzero entries: any positive
-        threshold keeps the selection exact (see the module docstring). NaN stays NaN
-        (every entry passes: slow, still exact)."""
+    def _device_threshold(self, x: torch.Tensor, k: int, ctx: SelectContext) -> torch.Tensor:
+        """The candidate threshold as a 0-d tensor on x's device, a value of x's dtype
+        (held as float32 for fp16/bf16), with no host sync. A zero sample threshold
+        (mostly zeros) becomes the dtype's smallest normal number, so that the candidates
+        are the nonzero entries: any positive threshold keeps the selection exact (see
+        the module docstring). NaN stays NaN (every entry passes: slow, still exact)."""
         n = x.numel()
         s = self._device_sample_size(n)
         sample = sample_magnitudes(x, s, sample_generator(self._seed, ctx, x.device)).abs()
-        threshold = kth_largest(sample, self._sample_rank(n, k, s)).item()
-        return max(threshold, torch.finfo(x.dtype).tiny)
+        threshold = kth_largest(sample, self._sample_rank(n, k, s))
+        # clamp_min keeps NaN, as max(NaN, tiny) did on the host.
+        return threshold.clamp_min(torch.finfo(x.dtype).tiny)
 
     @staticmethod
     def _device_candidates(x: torch.Tensor, threshold: float) -> torch.Tensor:
@@ -209,11 +232,15 @@ class TopK(Compressor):
         return quotient.nonzero().view(-1)
 
     @staticmethod
-    def _top_of_candidates(x: torch.Tensor, candidates: torch.Tensor, k: int) -> torch.Tensor:
-        """The exact top-k of x, given candidates that hold it (at least k of them)."""
+    def _top_of_candidates(x: torch.Tensor, candidates: torch.Tensor, k: int,
+                           magnitudes: torch.Tensor | None = None) -> torch.Tensor:
+        """The exact top-k of x, given candidates that hold it (at least k of them) and,
+        if known, their magnitudes (else gathered from x)."""
         if candidates.numel() == k:
             return candidates
-        return candidates.index_select(0, exact_topk(x.index_select(0, candidates).abs_(), k))
+        if magnitudes is None:
+            magnitudes = x.index_select(0, candidates).abs_()
+        return candidates.index_select(0, exact_topk(magnitudes, k))
 
     # -- the CPU path -------------------------------------------------------------------
     def _candidates(self, x: torch.Tensor, threshold, site: tuple) -> torch.Tensor:

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from gravac import compressors
-from gravac.compressors import SelectContext, base, num_kept
+from gravac.compressors import SelectContext, base, num_kept, triton_candidates
 from gravac.compressors.blockscan import at_least, count_true, passing_indices, scan_all, true_indices
 from gravac.compressors.powersgd import PowerSGD, orthogonalize_
 from gravac.compressors.topk import TopK
@@ -171,18 +171,10 @@ def test_the_cuda_benchmark_runs_dry_on_cpu(monkeypatch, capsys):
     spec.loader.exec_module(bench)
     monkeypatch.setattr(base, "device_path", lambda t: True)
     monkeypatch.setattr(bench, "CUDA_TARGETS", {("topk", 100_000, 100): 3.0})
-
-    def timer(fn, inputs, repeats):
-        import time
-        out = []
-        for i in range(repeats):
-            start = time.perf_counter()
-            fn(inputs[i % len(inputs)], i)
-            out.append(time.perf_counter() - start)
-        return out
+    from timing import host_times
 
     rows, phases = bench.run_cuda([100_000], [10, 100], SPARSE + [bench.TORCH_TOPK], 2,
-                                  device=torch.device("cpu"), timer=timer)
+                                  device=torch.device("cpu"), timer=host_times)
     assert len(rows) == 10 and not [r for r in rows if "error" in r]
     assert all(r["median_ms"] > 0 and r["per_pass"] > 0 for r in rows)
     assert [p["phase"] for p in phases][-1] == "top-k among the candidates"
@@ -341,6 +333,46 @@ def test_cuda_selections_sync_with_the_host_only_a_few_times():
         comp.select(x, k, SelectContext(step=0))               # warm-up
         counts[name] = _syncs(lambda: comp.select(x, k, SelectContext(step=1)))
     assert all(counts[n] <= limits[n] for n in limits), counts
+
+
+needs_triton = pytest.mark.skipif(
+    not triton_candidates.available() or triton_candidates.interpreting(),
+    reason="needs Triton compiling for the GPU (installed, TRITON_INTERPRET unset); its "
+           "kernels' logic runs in the interpreter in tests/triton")
+
+
+@needs_cuda
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
+def test_cuda_triton_candidates_and_topk_through_them(dtype):
+    """The compiled kernels on the GPU: the very candidates of the reference (|x| >= t or
+    NaN, ascending) with their magnitudes; Top-k through them keeps the CPU's magnitudes
+    and syncs with the host once a call (the count)."""
+    wide = triton_candidates.threshold_dtype(dtype)
+    comp = compressors.get("topk", device_candidates="triton", device_direct_below=65_536)
+    comp_cpu = compressors.get("topk")
+    for key, x in _cuda_inputs().items():
+        x = x.to(dtype)
+        x[:3] = torch.tensor([float("nan"), float("inf"), -0.0]).to(dtype)
+        xc = x.cuda()
+        for q in (0.5, 0.99):
+            t = x.abs().to(wide).nan_to_num(0.0).quantile(q)
+            idx, mags = triton_candidates.candidates_at_or_above(xc, t.cuda())
+            ref = ((x.to(wide).abs() >= t) | x.isnan()).nonzero().view(-1)
+            assert torch.equal(idx.cpu(), ref), (key, dtype, q)
+            assert torch.equal(mags.cpu().nan_to_num(), x.to(wide).abs()[ref].nan_to_num())
+        x[:3] = 0.0
+        xc = x.cuda()
+        for cf in (10, 100, 1000):
+            k = num_kept(x.numel(), cf)
+            idx = comp.select(xc, k, SelectContext(step=1, layer=2))
+            _check(idx, x.numel(), comp, k, "cuda")
+            mags = x.abs().float()
+            want = mags[comp_cpu.select(x, k, SelectContext(step=1, layer=2))]
+            assert torch.equal(mags[idx.cpu()].sort().values, want.sort().values), (key, cf)
+    x = torch.randn(1_000_000, generator=torch.Generator().manual_seed(6)).cuda()
+    comp.select(x, 10_000, SelectContext(step=0))                 # warm-up (compiles)
+    assert _syncs(lambda: comp.select(x, 10_000, SelectContext(step=1))) <= 1
 
 
 @needs_cuda
