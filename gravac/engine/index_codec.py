@@ -77,10 +77,14 @@ def plan(numel: int, capacity: int) -> IndexField:
 
 def ascending(idx: torch.Tensor) -> torch.Tensor:
     """``idx`` sorted ascending (int64). On CPU through NumPy, whose sort of int64 is ~6x
-    torch's here (256k indices: 2.4 against 15.7 ms)."""
+    torch's here (256k indices: 2.4 against 15.7 ms), and not at all when ``idx`` is
+    ascending already, as the CPU's Top-k selections are (the check: ~0.1 ms for 256k)."""
     idx = idx.to(torch.int64)
     if idx.device.type == "cpu":
-        return torch.from_numpy(np.sort(idx.contiguous().numpy()))
+        a = idx.contiguous().numpy()
+        if a.size < 2 or bool(np.all(a[1:] > a[:-1])):
+            return idx
+        return torch.from_numpy(np.sort(a))
     return torch.sort(idx).values
 
 

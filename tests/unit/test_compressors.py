@@ -68,6 +68,18 @@ def test_topk_is_exact(n, cf, dtype):
     # index is kept, never which magnitude).
     expected = torch.topk(mags, k).values
     assert torch.equal(mags[idx].sort(descending=True).values, expected)
+    # On CPU in index order (base.exact_topk): every path here, direct, sampled, all.
+    assert bool((idx[1:] > idx[:-1]).all())
+
+
+@pytest.mark.parametrize("m, k", [(10, 10), (1000, 1), (1000, 124), (1000, 125), (50_000, 9_000)])
+def test_ascending_positions_both_ways(m, k):
+    """A mask where k >= m / 8, a sort below: the same ascending int64 positions."""
+    import numpy as np
+    from gravac.compressors.base import ascending_positions
+    picked = np.random.default_rng(m + k).choice(m, k, replace=False).astype(np.int32)
+    out = ascending_positions(picked, m)
+    assert out.dtype == np.int64 and out.tolist() == sorted(picked.tolist())
 
 
 def test_topk_falls_back_when_sample_misleads():
