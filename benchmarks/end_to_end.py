@@ -114,6 +114,11 @@ METHODS: dict[str, tuple[str, list[str]]] = {
     # and "gravac_recommended", which use the paper's allgather.
     "static_topk_10x_shared_index": ("static_topk_10x.yaml", ["compression.exchange=shared_index"]),
     "static_topk_10x_hierarchical": ("static_topk_10x.yaml", ["compression.exchange=hierarchical"]),
+    # The paper's allgather with each layer's indices in coded fields (docs/ALGORITHM.md §14)
+    "static_topk_10x_coded": ("static_topk_10x.yaml", ["compression.exchange=allgather_coded"]),
+    "gravac_recommended_coded": ("gravac_recommended.yaml",
+                                 ["compression.gravac.window=25",
+                                  "compression.exchange=allgather_coded"]),
     "gravac_recommended_shared_index": ("gravac_recommended.yaml",
                                         ["compression.gravac.window=25",
                                          "compression.exchange=shared_index"]),

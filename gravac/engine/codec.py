@@ -15,14 +15,25 @@ Chunk layout (one per rank; every section starts at a multiple of 8 bytes)::
 Counts may differ per rank (DGC, RedSync), so chunks are self-describing and the
 gathered buffer is parsed chunk by chunk. Every rank must pack the same layers in the
 same order (the optimizer guarantees it: the set follows agreed decisions).
+
+With ``index_coding`` (the ``allgather_coded`` exchange, docs/ALGORITHM.md §14) the
+indices section holds one ``index_codec`` field per layer instead of int32s: the layer's
+indices ascending as block counts and low bits, about 1.1-2 bytes an index instead of 4,
+each field sized by ``index_codec.plan(numel, count)`` from the header's counts (so a
+receiver finds every field without more header), and the values in that same order. Such
+a chunk starts with ``MAGIC_CODED``.
 """
 from __future__ import annotations
 
 from typing import NamedTuple, Sequence
 
+import numpy as np
 import torch
 
+from . import index_codec
+
 MAGIC = 0x6772617661630001  # "gravac" + format version 1
+MAGIC_CODED = 0x6772617661630002  # version 2: coded index fields (``index_coding``)
 _WIRE_DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 _HEADER_FIELDS = 4
 
@@ -40,6 +51,7 @@ class PackContext(NamedTuple):
     wire_dtype: torch.dtype
     index_dtype: torch.dtype
     device: torch.device
+    index_coding: bool = False
 
 
 def _pad8(nbytes: int) -> int:
@@ -64,7 +76,9 @@ class SparseCodec:
         parts = codec.split(flat, ctx)                     # one flat tensor per layer
     """
 
-    def __init__(self, layers: Sequence[SparseLayer], device: torch.device | str = "cpu"):
+    def __init__(self, layers: Sequence[SparseLayer], device: torch.device | str = "cpu",
+                 index_coding: bool = False):
+        self.index_coding = bool(index_coding)
         self.layers = tuple(layers)
         dtypes = {layer.dtype for layer in self.layers}
         self.wire_dtype = dtypes.pop() if len(dtypes) == 1 else torch.float32
@@ -90,9 +104,15 @@ class SparseCodec:
         index_size = torch.tensor([], dtype=self.index_dtype).element_size()
         header_bytes = 8 * (_HEADER_FIELDS + len(self.layers))
         values_bytes = _pad8(total * wire_size)
-        index_bytes = _pad8(total * index_size)
+        if self.index_coding:
+            fields = self._fields(counts)
+            selections = [_ascending_pair(v, i) for v, i in selections]
+            index_bytes = sum(f.nbytes for f in fields)
+        else:
+            index_bytes = _pad8(total * index_size)
         chunk_bytes = header_bytes + values_bytes + index_bytes
-        header = torch.tensor([MAGIC, chunk_bytes, _WIRE_DTYPES.index(self.wire_dtype),
+        magic = MAGIC_CODED if self.index_coding else MAGIC
+        header = torch.tensor([magic, chunk_bytes, _WIRE_DTYPES.index(self.wire_dtype),
                                len(self.layers), *counts], dtype=torch.int64)
         buffer = torch.empty(chunk_bytes, dtype=torch.uint8, device=self.device)
         # The header is made on the host (the counts are host ints); to a GPU it goes
@@ -104,12 +124,27 @@ class SparseCodec:
             # Concatenated first, converted once: a conversion per layer is a launch per
             # layer on a GPU (161 for ResNet-101), and most are no conversion at all.
             values = _cat_as([v for v, _ in selections], self.device, self.wire_dtype)
-            indices = _cat_as([i for _, i in selections], self.device, self.index_dtype)
             buffer[header_bytes:header_bytes + total * wire_size].copy_(_as_bytes(values))
             start = header_bytes + values_bytes
-            buffer[start:start + total * index_size].copy_(_as_bytes(indices))
-        ctx = PackContext(self.layers, self.wire_dtype, self.index_dtype, self.device)
-        return buffer, ctx
+            if self.index_coding:
+                section = buffer[start:start + index_bytes]
+                section.zero_()          # the fields' padding: the same bytes every time
+                for field, (_, idx) in zip(fields, selections):
+                    index_codec.encode(field, idx, section[:field.nbytes])
+                    section = section[field.nbytes:]
+            else:
+                indices = _cat_as([i for _, i in selections], self.device, self.index_dtype)
+                buffer[start:start + total * index_size].copy_(_as_bytes(indices))
+        return buffer, self.context()
+
+    def context(self) -> PackContext:
+        """What ``unpack`` needs to read this codec's chunks."""
+        return PackContext(self.layers, self.wire_dtype, self.index_dtype, self.device,
+                           self.index_coding)
+
+    def _fields(self, counts: Sequence[int]) -> list[index_codec.IndexField]:
+        """Each layer's coded index field for ``counts`` indices (``index_coding``)."""
+        return [index_codec.plan(layer.numel, c) for layer, c in zip(self.layers, counts)]
 
     # -- unpacking ----------------------------------------------------------------------
     def unpack(self, gathered: torch.Tensor, ctx: PackContext, chunks: int | None = None):
@@ -133,7 +168,8 @@ class SparseCodec:
             else:
                 header = gathered[pos:pos + header_bytes].cpu().view(torch.int64).tolist()
             magic, chunk_bytes, dtype_code, layers_in_chunk = header[:_HEADER_FIELDS]
-            if magic != MAGIC or layers_in_chunk != n_layers or chunk_bytes < header_bytes \
+            expected = MAGIC_CODED if ctx.index_coding else MAGIC
+            if magic != expected or layers_in_chunk != n_layers or chunk_bytes < header_bytes \
                     or not 0 <= dtype_code < len(_WIRE_DTYPES) \
                     or _WIRE_DTYPES[dtype_code] != ctx.wire_dtype:
                 raise RuntimeError(
@@ -144,9 +180,21 @@ class SparseCodec:
             start = pos + header_bytes
             values = gathered[start:start + total * wire_size].view(ctx.wire_dtype)
             start = pos + header_bytes + _pad8(total * wire_size)
-            indices = gathered[start:start + total * index_size].view(ctx.index_dtype)
+            if ctx.index_coding:
+                indices = self._decode_fields(gathered, start, counts)
+            else:
+                indices = gathered[start:start + total * index_size].view(ctx.index_dtype)
             yield counts, values, indices
             pos += chunk_bytes
+
+    def _decode_fields(self, gathered: torch.Tensor, start: int,
+                       counts: Sequence[int]) -> torch.Tensor:
+        """A coded chunk's indices, every layer's decoded and concatenated (int64)."""
+        parts = []
+        for field, count in zip(self._fields(counts), counts):
+            parts.append(index_codec.decode(field, gathered[start:start + field.nbytes], count))
+            start += field.nbytes
+        return torch.cat(parts) if len(parts) > 1 else parts[0]
 
     def aggregate(self, gathered: torch.Tensor, ctx: PackContext, world_size: int,
                   accumulate_dtype: torch.dtype = torch.float32,
@@ -226,6 +274,22 @@ class SparseCodec:
     def split(self, flat: torch.Tensor, ctx: PackContext) -> list[torch.Tensor]:
         """Views of ``flat`` for each layer, in order."""
         return [flat[self.offsets[i]:self.offsets[i + 1]] for i in range(len(ctx.layers))]
+
+
+def _ascending_pair(values: torch.Tensor, indices: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(values, indices) reordered so that the indices ascend (int64), as a coded field
+    needs them. The CPU's Top-k selections ascend already (``compressors.base.exact_topk``):
+    one check; others are sorted with their values. On a GPU, sorted without a check
+    (the check would be a host sync)."""
+    if indices.device.type == "cpu":
+        a = indices.reshape(-1).to(torch.int64).numpy()
+        if a.size < 2 or bool(np.all(a[1:] > a[:-1])):
+            return values, torch.from_numpy(a)
+        order = torch.from_numpy(np.argsort(a, kind="stable"))
+        return values.reshape(-1).index_select(0, order), torch.from_numpy(a[order.numpy()])
+    ordered, order = torch.sort(indices.reshape(-1).to(torch.int64), stable=True)
+    return values.reshape(-1).index_select(0, order), ordered
 
 
 def _cat_as(tensors: Sequence[torch.Tensor], device: torch.device,

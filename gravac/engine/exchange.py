@@ -6,9 +6,10 @@ rank sends) and the layers that go dense, starts the collectives; after ``wait()
 constant number of collectives per step, whatever the number of layers, in the same order
 on every rank.
 
-``AllgatherExchange`` (the paper's, and today's only one): ONE allgather of all sparse
-layers packed into one byte buffer (``SparseCodec``), ONE grouped allreduce per dense
-dtype. Other exchanges (hierarchical, shared index sets, low-rank allreduce) plug in here.
+``AllgatherExchange`` (the paper's): ONE allgather of all sparse layers packed into one
+byte buffer (``SparseCodec``; with ``index_coding`` its indices in coded fields, the
+``allgather_coded`` exchange), ONE grouped allreduce per dense dtype. The hierarchical,
+shared-index and low-rank steps build on it.
 
 Example::
 
@@ -29,15 +30,18 @@ from .codec import SparseCodec, SparseLayer
 from .layers import Layer
 from .selection import flagged_ranks
 
-#: How sparse layers travel between ranks (docs/ALGORITHM.md §13).
-EXCHANGES = ("allgather", "hierarchical", "shared_index")
+#: How sparse layers travel between ranks (docs/ALGORITHM.md §13, §14).
+EXCHANGES = ("allgather", "allgather_coded", "hierarchical", "shared_index")
+#: The exchanges that are the paper's allgather (``allgather_coded``: with its indices in
+#: coded fields, ``SparseCodec(index_coding=True)``); they take every compressor and overlap.
+ALLGATHER_EXCHANGES = ("allgather", "allgather_coded")
 
 
 def check_exchange(exchange: str, compressor) -> str:
     """``exchange`` if it is one of ``EXCHANGES`` and applies to ``compressor``."""
     if exchange not in EXCHANGES:
         raise ValueError(f"exchange must be one of {', '.join(EXCHANGES)}, got {exchange!r}")
-    if exchange != "allgather" and (compressor.is_dense or compressor.is_lowrank):
+    if exchange not in ALLGATHER_EXCHANGES and (compressor.is_dense or compressor.is_lowrank):
         what = "everything" if compressor.is_dense else "low-rank factors"
         raise ValueError(f"exchange={exchange!r} moves sparse selections; compressor "
                          f"{compressor.name!r} sends {what} by allreduce already: use "
@@ -93,10 +97,12 @@ class PendingExchange:
 class AllgatherExchange:
     """Sparse layers by one fused allgather, dense layers by grouped allreduces (average)."""
 
-    def __init__(self, comm: Comm, prefix: str = "gravac", dense_wire: str = "native"):
+    def __init__(self, comm: Comm, prefix: str = "gravac", dense_wire: str = "native",
+                 index_coding: bool = False):
         if dense_wire not in DENSE_WIRE:
             raise ValueError(f"dense_wire must be one of {', '.join(DENSE_WIRE)}, got {dense_wire!r}")
         self.comm, self.prefix, self.dense_wire = comm, prefix, dense_wire
+        self.index_coding = bool(index_coding)
         self._codecs: dict[tuple[str, ...], SparseCodec] = {}
 
     def _codec(self, layers: Sequence[Layer]) -> SparseCodec:
@@ -108,7 +114,7 @@ class AllgatherExchange:
         if codec is None:
             specs = [SparseLayer(l.name, l.numel, ResidualMemory.dtype_for(l.param.grad.dtype))
                      for l in layers]
-            codec = SparseCodec(specs, device=device)
+            codec = SparseCodec(specs, device=device, index_coding=self.index_coding)
             self._codecs[key] = codec
         return codec
 

@@ -22,7 +22,7 @@ from .. import compressors as _compressors
 from ..comm import Comm
 from ..controllers import Controller, Static
 from ..memory import follow_devices
-from .exchange import DENSE_WIRE
+from .exchange import ALLGATHER_EXCHANGES, DENSE_WIRE
 from .layers import build_layers
 from .overlap import BackwardOverlap
 from .record import StepStats
@@ -58,8 +58,9 @@ class DistributedOptimizerMixin:
         self._prefix = name_prefix
         layers = build_layers(self.param_groups, named_parameters, min_compress_numel, compressor)
         check_exchange(exchange, compressor)
-        if overlap and exchange != "allgather":
-            raise ValueError(f"overlap=True works with exchange='allgather' only (got "
+        if overlap and exchange not in ALLGATHER_EXCHANGES:
+            raise ValueError(f"overlap=True works with exchange='allgather' or "
+                             f"'allgather_coded' only (got "
                              f"{exchange!r}): the hierarchical and shared-index steps need "
                              "every layer's gradient before their first collective")
         self._engine = StepEngine(layers, compressor, controller, comm, name_prefix, nonfinite,
@@ -123,7 +124,7 @@ class DistributedOptimizerMixin:
             "nonfinite": e.nonfinite,
             "max_consecutive_skips": e.max_consecutive_skips,
             "dense_wire": e.exchange.dense_wire,
-            "exchange": "allgather" if e.route is None else e.route.describe(),
+            "exchange": e.exchange_kind if e.route is None else e.route.describe(),
             # Buckets decide the collectives: every rank must cut them alike.
             "overlap": None if e.overlap is None else
             {"bucket_cap_mb": e.overlap.bucket_cap_mb,

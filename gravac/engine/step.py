@@ -67,7 +67,8 @@ class StepEngine:
     ``nonfinite``: ``"skip"`` a step with a NaN/Inf gradient on any rank (on every rank),
     or ``"raise"``; ``max_consecutive_skips`` bounds the skips in a row. ``dense_wire``:
     ``"fp16"`` sends dense layers as fp16 (Horovod's Compression.fp16). ``exchange``: how
-    sparse layers travel (``EXCHANGES``): ``"allgather"`` (the paper's), ``"hierarchical"``
+    sparse layers travel (``EXCHANGES``): ``"allgather"`` (the paper's),
+    ``"allgather_coded"`` (the same with coded index fields, ``codec.py``), ``"hierarchical"``
     (``hierarchical.py``; ``host_of_rank`` overrides the launcher's host of each rank) or
     ``"shared_index"`` (``shared_index.py``). Building a hierarchical engine is collective.
     """
@@ -86,7 +87,8 @@ class StepEngine:
         self.layers, self.compressor, self.controller = layers, compressor, controller
         self.comm, self.prefix = comm, prefix
         self.nonfinite, self.max_consecutive_skips = nonfinite, max_consecutive_skips
-        self.exchange = AllgatherExchange(comm, prefix, dense_wire)
+        self.exchange = AllgatherExchange(comm, prefix, dense_wire,
+                                          index_coding=exchange == "allgather_coded")
         self.memory = ResidualMemory()
         # Low-rank compressors (PowerSGD) send factors by allreduce: gravac/engine/lowrank.py.
         self.lowrank = LowRankStep(self) if compressor.is_lowrank else None

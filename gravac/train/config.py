@@ -31,6 +31,7 @@ import yaml
 from ..comm.horovod_cycle import PROBLEM as CYCLE_PROBLEM
 from ..comm.horovod_cycle import check_setting as check_cycle_setting
 from ..controllers import Accordion, GraVAC, Static
+from ..engine.exchange import ALLGATHER_EXCHANGES
 from ..engine.step import EXCHANGES
 
 CONTROLLERS = ("dense", "static", "gravac", "accordion")
@@ -189,7 +190,8 @@ class CompressionConfig:
     # that GraVAC's compressed layers overlap only with gravac.decide=previous.
     overlap: bool = False
     bucket_cap_mb: float = 25.0
-    # How sparse selections travel (docs/ALGORITHM.md §13): allgather (the paper's),
+    # How sparse selections travel (docs/ALGORITHM.md §13, §14): allgather (the paper's),
+    # allgather_coded (the same, each layer's indices coded in ~1.1-2 bytes instead of 4),
     # hierarchical (dense inside a host, sparse across hosts) or shared_index (all
     # ranks send values at each layer's rotating leader's indices, by allreduce).
     exchange: str = "allgather"
@@ -503,7 +505,8 @@ def validate(cfg: Config) -> None:
              "compression.exchange", c.exchange, "moves sparse selections: it needs a "
              "sparsifier (topk, dgc, redsync, randomk) and a controller other than dense; "
              "dense and PowerSGD travel by allreduce already (use exchange: allgather)")
-    _require(c.exchange == "allgather" or not c.overlap, "compression.exchange", c.exchange,
+    _require(c.exchange in ALLGATHER_EXCHANGES or not c.overlap, "compression.exchange",
+             c.exchange,
              "cannot be combined with compression.overlap=true (its step needs every "
              "gradient before the first collective); set overlap: false or exchange: allgather")
     _require(c.exchange != "hierarchical" or not r.elastic, "compression.exchange", c.exchange,

@@ -109,3 +109,76 @@ def test_aggregate_into_writes_the_exact_average_into_the_outputs(out_dtype, ran
         assert torch.equal(got, (total / ranks).to(out_dtype))
     with pytest.raises(ValueError, match="expected 2 output tensors"):
         codec.aggregate_into(torch.cat(buffers), ctx, ranks, outs[:1])
+
+
+# -- coded index fields (index_coding, the allgather_coded exchange) ----------------------------
+def _coded_case(dtype, seed):
+    """Three ranks' selections over layers that take each field kind: raw int32 (5 of
+    100k), low bits 8 (CF 10 of 100k) and low bits 16 (CF 1000 of 3M); indices in random
+    order with their values, an empty layer on one rank, and entries picked by several."""
+    layers = [SparseLayer("few", 100_000, dtype), SparseLayer("cf10", 100_000, dtype),
+              SparseLayer("cf1000", 3_000_000, dtype)]
+    g = torch.Generator().manual_seed(seed)
+    perms = [torch.randperm(layer.numel, generator=g) for layer in layers]
+    ranks = []
+    for r in range(3):
+        sel = []
+        for layer, perm, k in zip(layers, perms, (5, 10_000, 3_000)):
+            k = 0 if (r, layer.name) == (1, "few") else k
+            # distinct within a rank; rank 2 shares a quarter of rank 0's, in another order
+            own = perm[r * k:(r + 1) * k] if r < 2 else torch.cat([perm[:k // 4],
+                                                                  perm[2 * k:3 * k - k // 4]])
+            idx = own[torch.randperm(k, generator=g)]
+            sel.append((torch.randn(k, generator=g).to(dtype), idx))
+        ranks.append(sel)
+    return layers, ranks
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
+def test_coded_indices_aggregate_exactly_as_int32_indices(dtype):
+    layers, ranks = _coded_case(dtype, seed=5)
+    plain, coded = SparseCodec(layers), SparseCodec(layers, index_coding=True)
+    bufs = [coded.pack(sel)[0] for sel in ranks]
+    ctx = coded.context()
+    assert ctx.index_coding and all(b.numel() % 8 == 0 for b in bufs)
+    want = plain.aggregate(torch.cat([plain.pack(sel)[0] for sel in ranks]), plain.context(), 3)
+    got = coded.aggregate(torch.cat(bufs), ctx, 3)
+    assert torch.equal(got, want)
+    # Each rank's own pairs come back, ascending, with their own values.
+    for sel, (counts, values, indices) in zip(ranks, coded.unpack(torch.cat(bufs), ctx)):
+        for (v, i), vals, idx in zip(sel, values.split(counts), indices.split(counts)):
+            order = i.argsort()
+            assert torch.equal(idx, i[order]) and torch.equal(vals, v[order].to(vals.dtype))
+
+
+def test_coded_chunks_are_the_header_values_and_each_layers_planned_field():
+    from gravac.engine import index_codec
+    layers, ranks = _coded_case(torch.float32, seed=6)
+    coded, plain = SparseCodec(layers, index_coding=True), SparseCodec(layers)
+    buf, _ = coded.pack(ranks[0])
+    counts = [i.numel() for _, i in ranks[0]]
+    fields = [index_codec.plan(l.numel, c) for l, c in zip(layers, counts)]
+    assert [f.low_bits for f in fields] == [0, 8, 16]
+    values = -(-4 * sum(counts) // 8) * 8
+    assert buf.numel() == 8 * (4 + len(layers)) + values + sum(f.nbytes for f in fields)
+    # The index section: 5 raw, 10,000 of 100k at ~1.08 bytes, 3,000 of 3M at ~2.06,
+    # against int32's 4 bytes each (the values and the header are the same size).
+    assert sum(f.nbytes for f in fields) < 0.35 * 4 * sum(counts)
+    assert plain.pack(ranks[0])[0].numel() - buf.numel() \
+        == -(-4 * sum(counts) // 8) * 8 - sum(f.nbytes for f in fields)
+    # Equal counts on every rank (an exact-count compressor): equal chunks, so the
+    # headers are read in one copy (same_size) and the sums are the same.
+    again, _ = coded.pack([(v * 2, i) for v, i in ranks[0]])
+    assert again.numel() == buf.numel()
+    assert torch.equal(coded.aggregate(torch.cat([buf, again]), coded.context(), 2, same_size=True),
+                       coded.aggregate(torch.cat([buf, again]), coded.context(), 2))
+
+
+def test_a_coded_and_a_plain_chunk_do_not_mix():
+    layers, ranks = _coded_case(torch.float32, seed=7)
+    coded, plain = SparseCodec(layers, index_coding=True), SparseCodec(layers)
+    mixed = torch.cat([coded.pack(ranks[0])[0], plain.pack(ranks[1])[0]])
+    with pytest.raises(RuntimeError, match="formats"):
+        coded.aggregate(mixed, coded.context(), 2)
+    with pytest.raises(RuntimeError, match="formats"):
+        plain.aggregate(mixed, plain.context(), 2)

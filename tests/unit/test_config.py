@@ -77,7 +77,7 @@ def test_set_parses_yaml_values_without_eval():
      "decide"),
     # issue 12: exchanges
     (["run.steps=5", "compression.exchange=ring"],
-     "compression.exchange='ring': must be one of allgather, hierarchical, shared_index"),
+     "compression.exchange='ring': must be one of allgather, allgather_coded, hierarchical, shared_index"),
     (["run.steps=5", "compression.controller=dense", "compression.exchange=shared_index"],
      "compression.exchange='shared_index': moves sparse selections"),
     (["run.steps=5", "compression.controller=static", "compression.compressor=powersgd",
