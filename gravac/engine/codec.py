@@ -189,12 +189,16 @@ class SparseCodec:
 
     def _decode_fields(self, gathered: torch.Tensor, start: int,
                        counts: Sequence[int]) -> torch.Tensor:
-        """A coded chunk's indices, every layer's decoded and concatenated (int64)."""
-        parts = []
+        """A coded chunk's indices, every layer's decoded into one tensor of the plain
+        format's index dtype (int32 unless a layer has 2^31 entries)."""
+        indices = torch.empty(sum(counts), dtype=self.index_dtype, device=gathered.device)
+        pos = 0
         for field, count in zip(self._fields(counts), counts):
-            parts.append(index_codec.decode(field, gathered[start:start + field.nbytes], count))
+            index_codec.decode(field, gathered[start:start + field.nbytes], count,
+                               out=indices[pos:pos + count])
             start += field.nbytes
-        return torch.cat(parts) if len(parts) > 1 else parts[0]
+            pos += count
+        return indices
 
     def aggregate(self, gathered: torch.Tensor, ctx: PackContext, world_size: int,
                   accumulate_dtype: torch.dtype = torch.float32,

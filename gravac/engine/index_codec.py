@@ -113,10 +113,17 @@ def encode(field: IndexField, idx: torch.Tensor, out: torch.Tensor) -> None:
     low_out.copy_(idx & ((1 << bits) - 1))
 
 
-def decode(field: IndexField, data: torch.Tensor, count: int) -> torch.Tensor:
-    """The ``count`` ascending int64 indices that ``encode`` wrote into ``data``."""
+def decode(field: IndexField, data: torch.Tensor, count: int,
+           out: torch.Tensor | None = None) -> torch.Tensor:
+    """The ``count`` ascending indices that ``encode`` wrote into ``data``: int64, or
+    written into ``out`` (``count`` int32 or int64 entries on data's device; int32 holds
+    any index of a layer under 2^31 entries, and halves the bytes the decoding writes)."""
+    if out is not None and (out.numel() != count or out.dtype not in (torch.int32, torch.int64)):
+        raise ValueError(f"out must hold {count} int32 or int64 indices, got "
+                         f"{out.numel()} {out.dtype}")
     if not field.low_bits:
-        return data[:count * field.raw_dtype.itemsize].view(field.raw_dtype).to(torch.int64)
+        raw = data[:count * field.raw_dtype.itemsize].view(field.raw_dtype)
+        return raw.to(torch.int64) if out is None else out.copy_(raw)
     bits, blocks = field.low_bits, field.blocks
     counts_dtype, low_dtype = _PARTS[bits]
     per_block = data[:blocks * counts_dtype.itemsize].view(counts_dtype)
@@ -128,8 +135,13 @@ def decode(field: IndexField, data: torch.Tensor, count: int) -> torch.Tensor:
         counts = per_block.numpy()
         if int(counts.sum()) != count:
             raise ValueError(f"the block counts add up to {int(counts.sum())}, not {count}")
-        high = np.repeat(np.arange(blocks, dtype=np.int64) << bits, counts)
-        return torch.from_numpy(high + (low.numpy().astype(np.int64) & mask))
+        result = torch.empty(count, dtype=torch.int64) if out is None else out
+        o = result.numpy()
+        o[:] = low.numpy()                # int16 lows sign-extend: the mask takes them back
+        o &= mask
+        o += np.repeat(np.arange(blocks, dtype=o.dtype) << bits, counts)
+        return result
     starts = torch.arange(blocks, dtype=torch.int64, device=data.device) << bits
     high = torch.repeat_interleave(starts, per_block.to(torch.int64), output_size=count)
-    return high + (low.to(torch.int64) & mask)
+    decoded = high + (low.to(torch.int64) & mask)
+    return decoded if out is None else out.copy_(decoded)

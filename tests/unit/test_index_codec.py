@@ -34,6 +34,15 @@ def test_every_kind_rebuilds_the_indices_exactly(low_bits):
     field = _field(numel, idx.numel() + 7, low_bits)          # spare slots stay unused
     assert torch.equal(_round_trip(field, idx), idx)
     assert torch.equal(_round_trip(field, idx[:0]), idx[:0])   # an empty set
+    # decode into a slice of a larger int32 / int64 tensor (the allgather's chunks)
+    data = torch.zeros(field.nbytes, dtype=torch.uint8)
+    encode(field, idx, data)
+    for dtype in (torch.int32, torch.int64):
+        whole = torch.full((idx.numel() + 4,), -1, dtype=dtype)
+        got = decode(field, data, idx.numel(), out=whole[2:-2])
+        assert got.data_ptr() == whole[2:].data_ptr() and got.dtype == dtype
+        assert torch.equal(whole[2:-2].long(), idx) and whole[:2].eq(-1).all() \
+            and whole[-2:].eq(-1).all()
 
 
 @pytest.mark.parametrize("numel,capacity", [(2_560_000, 256_000), (2_560_000, 2_560),
@@ -87,3 +96,16 @@ def test_ascending_sorts_like_torch():
     idx = torch.randperm(100_000, generator=torch.Generator().manual_seed(3))[:9_000]
     assert torch.equal(ascending(idx), torch.sort(idx).values)
     assert torch.equal(ascending(idx.to(torch.int32)), torch.sort(idx).values)
+    done = torch.sort(idx).values                       # ascending already: kept as is
+    assert ascending(done).data_ptr() == done.data_ptr()
+    twice = torch.tensor([1, 4, 4, 9])                  # not strictly: sorted (a no-op)
+    assert torch.equal(ascending(twice), twice)
+
+
+def test_decode_refuses_an_output_that_does_not_fit():
+    field = plan(1000, 10)
+    data = torch.zeros(field.nbytes, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="out must hold 10 int32 or int64"):
+        decode(field, data, 10, out=torch.empty(9, dtype=torch.int32))
+    with pytest.raises(ValueError, match="out must hold 10 int32 or int64"):
+        decode(field, data, 10, out=torch.empty(10, dtype=torch.int16))
