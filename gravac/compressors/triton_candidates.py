@@ -1,5 +1,5 @@
-"""Top-k's candidates on a GPU in two Triton kernels: the entries at or above a threshold,
-with their indices (ascending) and magnitudes, from two reads of the tensor.
+"""Top-k's candidates on a GPU in two passes of one Triton kernel: the entries at or above
+a threshold, with their indices (ascending) and magnitudes, from two reads of the tensor.
 
 Top-k's device path (``topk.py``) finds its candidates with torch's kernels: a pass that
 writes ``trunc(x / t)`` as 2-byte floats, then ``nonzero``, which reads that mask twice
@@ -7,22 +7,23 @@ and syncs for its count. On an H200 that took 0.48 ms at 100M entries, 2.5 times
 over the tensor (docs/BENCHMARKS.md §7b), and the top-k among the candidates then gathers
 their values from x once more. Here:
 
-1. ``count``: each block of ``BLOCK`` entries counts its passing entries (one read of x,
-   one int32 per block written);
+1. counting (``WRITE=False``): each block of ``BLOCK`` entries counts its passing entries
+   (one read of x, one int32 per block written);
 2. an inclusive ``cumsum`` of the counts (one small torch kernel) gives every block the
    place of its first candidate, and its last entry the total: the one host sync, for the
    size of the output;
-3. ``write``: each block compares again, ranks its passing entries by a prefix sum within
-   the block, and writes their indices and magnitudes there (a second read of x).
+3. writing (``WRITE=True``): each block compares again, ranks its passing entries by a
+   prefix sum within the block, and writes their indices and magnitudes there (a second
+   read of x).
 
-The threshold is read by the kernels from a 1-element device tensor, so the sampled
+The threshold is read by the kernel from a 1-element device tensor, so the sampled
 threshold needs no host sync of its own (the torch path needs it as a host scalar). The
 output is ascending and the same for every run: no atomics, so it is deterministic.
 
 The test is ``|x| >= t`` (in t's dtype: float32, or float64 for float64 x; an exact,
 monotone upcast) or NaN, the set torch's path would pass up to where ``trunc(x / t)``
 rounds: upward closed in |x| either way, which is all Top-k's exactness needs (see
-``topk.py``). Triton compiles each kernel once per dtype and block size (about a second,
+``topk.py``). Triton compiles each pass once per dtype and block size (about a second,
 the first time, then from its cache on disk).
 
 Without a GPU the kernels run in Triton's interpreter on CPU tensors
@@ -69,28 +70,18 @@ def interpreting() -> bool:
 
 
 def _kernels():
-    """The two kernels, decorated at first use (Triton is imported only when a kernel
-    runs): ``triton.jit`` decides at decoration time whether a kernel is compiled or
-    interpreted, from ``TRITON_INTERPRET``."""
+    """The kernel (its counting and its writing pass), decorated at first use (Triton is
+    imported only when it runs): ``triton.jit`` decides at decoration time whether a
+    kernel is compiled or interpreted, from ``TRITON_INTERPRET``."""
     mode = interpreting()
     if mode not in _KERNELS:
         import triton
         import triton.language as tl
 
         @triton.jit
-        def count_kernel(x_ptr, t_ptr, counts_ptr, n, BLOCK: tl.constexpr):
-            pid = tl.program_id(0)
-            offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-            inside = offs < n
-            x = tl.load(x_ptr + offs, mask=inside, other=0.0)
-            t = tl.load(t_ptr)
-            xt = x.to(t.dtype)
-            passing = ((tl.abs(xt) >= t) | (xt != xt)) & inside
-            tl.store(counts_ptr + pid, tl.sum(passing.to(tl.int32), axis=0))
-
-        @triton.jit
-        def write_kernel(x_ptr, t_ptr, ends_ptr, counts_ptr, idx_ptr, mag_ptr, n,
-                         BLOCK: tl.constexpr):
+        def candidates_kernel(x_ptr, t_ptr, counts_ptr, ends_ptr, idx_ptr, mag_ptr, n,
+                              BLOCK: tl.constexpr, WRITE: tl.constexpr):
+            # WRITE is a compile-time flag: two kernels from one source, the same test.
             pid = tl.program_id(0)
             offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
             inside = offs < n
@@ -99,13 +90,16 @@ def _kernels():
             xt = x.to(t.dtype)
             passing = ((tl.abs(xt) >= t) | (xt != xt)) & inside
             ones = passing.to(tl.int32)
-            # The block's first slot: its inclusive end minus its own count.
-            first = tl.load(ends_ptr + pid) - tl.load(counts_ptr + pid)
-            slot = first + (tl.cumsum(ones, axis=0) - ones).to(tl.int64)
-            tl.store(idx_ptr + slot, offs, mask=passing)
-            tl.store(mag_ptr + slot, tl.abs(xt), mask=passing)
+            if WRITE:
+                # The block's first slot: its inclusive end minus its own count.
+                first = tl.load(ends_ptr + pid) - tl.load(counts_ptr + pid)
+                slot = first + (tl.cumsum(ones, axis=0) - ones).to(tl.int64)
+                tl.store(idx_ptr + slot, offs, mask=passing)
+                tl.store(mag_ptr + slot, tl.abs(xt), mask=passing)
+            else:
+                tl.store(counts_ptr + pid, tl.sum(ones, axis=0))
 
-        _KERNELS[mode] = (triton, count_kernel, write_kernel)
+        _KERNELS[mode] = (triton, candidates_kernel)
     return _KERNELS[mode]
 
 
@@ -127,18 +121,20 @@ def candidates_at_or_above(x: torch.Tensor, threshold: torch.Tensor
     if x.device.type == "cpu" and not interpreting():
         raise ValueError("candidates_at_or_above: a CPU tensor needs Triton's interpreter "
                          "(TRITON_INTERPRET=1); on CPU use Top-k's own CPU path")
-    triton, count_kernel, write_kernel = _kernels()
+    triton, kernel = _kernels()
     x = x.contiguous()
     n = x.numel()
     t = threshold.reshape(1).to(device=x.device, dtype=threshold_dtype(x.dtype))
     blocks = max(1, triton.cdiv(n, BLOCK))
     counts = torch.empty(blocks, dtype=torch.int32, device=x.device)
-    count_kernel[(blocks,)](x, t, counts, n, BLOCK=BLOCK, num_warps=NUM_WARPS)
+    # count: one int32 per block (the pointers it does not use: any tensor)
+    kernel[(blocks,)](x, t, counts, counts, counts, counts, n, BLOCK=BLOCK, WRITE=False,
+                      num_warps=NUM_WARPS)
     ends = torch.cumsum(counts, 0, dtype=torch.int64)
     total = int(ends[-1])                                                  # the sync
     idx = torch.empty(total, dtype=torch.int64, device=x.device)
     mags = torch.empty(total, dtype=t.dtype, device=x.device)
     if total:
-        write_kernel[(blocks,)](x, t, ends, counts, idx, mags, n, BLOCK=BLOCK,
-                                num_warps=NUM_WARPS)
+        kernel[(blocks,)](x, t, counts, ends, idx, mags, n, BLOCK=BLOCK, WRITE=True,
+                          num_warps=NUM_WARPS)
     return idx, mags

@@ -132,15 +132,8 @@ def test_the_option_is_checked(monkeypatch):
 def test_the_cuda_benchmark_runs_the_kernels_dry(monkeypatch, capsys):
     """benchmarks/compressors.py --device cuda minus the GPU, with Triton: the topk[triton]
     rows and the two Triton phases are measured and printed (host clock, interpreter)."""
-    import importlib.util
-    import sys
-    from pathlib import Path
-    repo = Path(__file__).resolve().parents[2]
-    sys.path.insert(0, str(repo / "benchmarks"))
-    spec = importlib.util.spec_from_file_location("bench_compressors_triton",
-                                                  repo / "benchmarks" / "compressors.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    from bench_module import load_benchmark
+    bench = load_benchmark("compressors", "bench_compressors_triton")
     from timing import host_times
     monkeypatch.setattr(base, "device_path", lambda t: True)
     monkeypatch.setattr(bench, "CUDA_TARGETS", {(bench.TRITON_TOPK, 100_000, 100): 3.0})

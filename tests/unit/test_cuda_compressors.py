@@ -10,10 +10,7 @@ factors on the device. Fast: a few seconds on a GPU.
 """
 from __future__ import annotations
 
-import importlib.util
-import sys
 import warnings
-from pathlib import Path
 
 import pytest
 import torch
@@ -24,9 +21,9 @@ from gravac.compressors.blockscan import at_least, count_true, passing_indices, 
 from gravac.compressors.powersgd import PowerSGD, orthogonalize_
 from gravac.compressors.topk import TopK
 
+from bench_module import load_benchmark
 from cuda_sync import is_sync_warning
 
-REPO = Path(__file__).resolve().parents[2]
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(
     not CUDA, reason="needs a CUDA GPU: the compressors' accelerator paths on real device "
@@ -164,11 +161,7 @@ def test_topk_device_zero_fill_and_fallback(monkeypatch):
 def test_the_cuda_benchmark_runs_dry_on_cpu(monkeypatch, capsys):
     """benchmarks/compressors.py --device cuda, minus the GPU: its rows, its Top-k phases
     and its table, with a host timer on CPU tensors."""
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    spec = importlib.util.spec_from_file_location("bench_compressors",
-                                                  REPO / "benchmarks" / "compressors.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_benchmark("compressors")
     monkeypatch.setattr(base, "device_path", lambda t: True)
     monkeypatch.setattr(bench, "CUDA_TARGETS", {("topk", 100_000, 100): 3.0})
     from timing import host_times
@@ -177,8 +170,9 @@ def test_the_cuda_benchmark_runs_dry_on_cpu(monkeypatch, capsys):
                                   device=torch.device("cpu"), timer=host_times)
     assert len(rows) == 10 and not [r for r in rows if "error" in r]
     assert all(r["median_ms"] > 0 and r["per_pass"] > 0 for r in rows)
-    assert [p["phase"] for p in phases][-1] == "top-k among the candidates"
-    assert len(phases) == 5 and not [p for p in phases if "error" in p]
+    # (the Triton phases come after these where the kernels can run: tests/triton)
+    assert [p["phase"] for p in phases][:5] == bench.PHASES[:5]
+    assert len(phases) in (5, 7) and not [p for p in phases if "error" in p]
     header = {"device": "cpu (dry run)", "torch": torch.__version__, "cuda": None,
               "multiprocessors": 0, "l2_mb": None, "repeats": 2}
     bench.print_cuda(header, rows, phases)
