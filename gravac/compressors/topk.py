@@ -89,8 +89,9 @@ class TopK(Compressor):
             on it: only the speed does).
         device_candidates: how a GPU finds the candidates of a layer above
             ``device_direct_below``: ``"torch"`` (a pass of torch's and ``nonzero``; two
-            host syncs) or ``"triton"`` (``triton_candidates``: two fused kernels that
-            also return the magnitudes; one host sync). The same selection either way.
+            host syncs) or ``"triton"`` (``triton_candidates``: two fused passes of one
+            kernel that also return the magnitudes; one host sync). The same selection
+            either way.
 
     Example::
 
