@@ -124,9 +124,10 @@ def test_gravac_decides_alike_on_every_rank_with_either_exchange(exchange, rank)
 
 
 @pytest.mark.parametrize("overlap", [False, True])
-def test_allgather_coded_trains_as_the_allgather_does(overlap, rank):
+def test_allgather_coded_trains_as_the_allgather_does(overlap, rank, size):
     """Coded index fields change the bytes on the wire, nothing else: the same parameters
-    bit for bit after training steps, with and without overlap (the buckets' exchanges)."""
+    after training steps, with and without overlap (the buckets' exchanges); bit for bit
+    where the dense layers' sums are (see the end)."""
     finals, sent = [], []
     for exchange in ("allgather", "allgather_coded"):
         model = make_net()
@@ -141,5 +142,12 @@ def test_allgather_coded_trains_as_the_allgather_does(overlap, rank):
             nbytes += opt.last_stats.bytes_sent
         finals.append(torch.cat([p.detach().view(-1) for p in model.parameters()]))
         sent.append(nbytes)
-    assert torch.equal(finals[0], finals[1])
+    if size <= 2 or not overlap:
+        assert torch.equal(finals[0], finals[1])
+    else:
+        # More than 2 ranks with overlap: the buckets' dense allreduces are in flight
+        # together, and Horovod fuses whichever are ready in a cycle, so a dense entry's
+        # sum over 3+ ranks may be added in another order from run to run (float sums
+        # are not associative); the sparse aggregation adds in rank order either way.
+        assert torch.allclose(finals[0], finals[1], rtol=0, atol=1e-6)
     assert sent[1] < sent[0]
