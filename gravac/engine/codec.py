@@ -288,7 +288,7 @@ def _ascending_pair(values: torch.Tensor, indices: torch.Tensor
     (the check would be a host sync)."""
     if indices.device.type == "cpu":
         a = indices.reshape(-1).to(torch.int64).numpy()
-        if a.size < 2 or bool(np.all(a[1:] > a[:-1])):
+        if index_codec.ascends(a):
             return values, torch.from_numpy(a)
         order = torch.from_numpy(np.argsort(a, kind="stable"))
         return values.reshape(-1).index_select(0, order), torch.from_numpy(a[order.numpy()])
