@@ -14,6 +14,7 @@ Example::
 """
 from __future__ import annotations
 
+import dataclasses
 from contextlib import contextmanager
 
 import torch
@@ -22,11 +23,10 @@ from .. import compressors as _compressors
 from ..comm import Comm
 from ..controllers import Controller, Static
 from ..memory import follow_devices
-from .exchange import ALLGATHER_EXCHANGES, DENSE_WIRE
 from .layers import build_layers
-from .overlap import BackwardOverlap
+from .options import GravacOptions
 from .record import StepStats
-from .step import StepEngine, check_exchange
+from .step import StepEngine
 
 STATE_KEY = "gravac"
 STATE_FORMAT = 1
@@ -36,45 +36,22 @@ class DistributedOptimizerMixin:
     """Placed before the user's optimizer class: ``step()`` synchronises first.
 
     Attributes after each step: ``last_stats`` (a ``StepStats``), ``memory`` (residuals),
-    ``controller``, ``compressor``, ``comm``, ``skipped_steps``.
+    ``controller``, ``compressor``, ``comm``, ``skipped_steps``, ``options``.
     """
 
     def __init__(self, params, named_parameters, compressor, controller, comm: Comm,
-                 min_compress_numel, batch_size, name_prefix, nonfinite,
-                 max_consecutive_skips, defer_agreement, dense_wire, overlap=False,
-                 bucket_cap_mb=25.0, backward_passes_per_step=1, exchange="allgather",
-                 host_of_rank=None):
+                 options: GravacOptions, host_of_rank=None):
         super().__init__(params)
-        if not isinstance(overlap, bool):
-            raise ValueError(f"overlap must be True or False, got {overlap!r}")
-        if isinstance(min_compress_numel, bool) or not isinstance(min_compress_numel, int) \
-                or min_compress_numel < 1:
-            raise ValueError(f"min_compress_numel must be an int >= 1, got {min_compress_numel!r}")
-        if batch_size is not None and not (isinstance(batch_size, int) and batch_size > 0):
-            raise ValueError(f"batch_size must be a positive int (samples per rank per step) "
-                             f"or None, got {batch_size!r}")
-        self.min_compress_numel = min_compress_numel
-        self.batch_size = batch_size
-        self._prefix = name_prefix
-        layers = build_layers(self.param_groups, named_parameters, min_compress_numel, compressor)
-        check_exchange(exchange, compressor)
-        if overlap and exchange not in ALLGATHER_EXCHANGES:
-            raise ValueError(f"overlap=True works with exchange='allgather' or "
-                             f"'allgather_coded' only (got "
-                             f"{exchange!r}): the hierarchical and shared-index steps need "
-                             "every layer's gradient before their first collective")
-        self._engine = StepEngine(layers, compressor, controller, comm, name_prefix, nonfinite,
-                                  max_consecutive_skips, dense_wire, exchange, host_of_rank)
+        options.check_with(compressor)
+        self.options = options
+        self._prefix = options.name_prefix
+        layers = build_layers(self.param_groups, named_parameters, options.min_compress_numel,
+                              compressor)
         self._context: tuple[int, bool] | None = None
-        if overlap:
-            self._engine.overlap = BackwardOverlap(self._engine, self._step_context,
-                                                   bucket_cap_mb, backward_passes_per_step)
-        elif backward_passes_per_step != 1 or bucket_cap_mb != 25.0:
-            raise ValueError("bucket_cap_mb and backward_passes_per_step take effect with "
-                             "overlap=True only (without it, step() sends whatever the "
-                             "backward passes accumulated)")
+        self._engine = StepEngine(layers, compressor, controller, comm, options, host_of_rank,
+                                  step_context=self._step_context)
         self._agreed = False
-        if not defer_agreement:
+        if not options.defer_agreement:
             self._agree()
         self.last_stats: StepStats | None = None
         self._gravac_step = 0
@@ -89,8 +66,10 @@ class DistributedOptimizerMixin:
     memory = property(lambda self: self._engine.memory)
     comm = property(lambda self: self._engine.comm)
     skipped_steps = property(lambda self: self._engine.skipped_steps)
-    nonfinite = property(lambda self: self._engine.nonfinite)
-    max_consecutive_skips = property(lambda self: self._engine.max_consecutive_skips)
+    min_compress_numel = property(lambda self: self.options.min_compress_numel)
+    batch_size = property(lambda self: self.options.batch_size)
+    nonfinite = property(lambda self: self.options.nonfinite)
+    max_consecutive_skips = property(lambda self: self.options.max_consecutive_skips)
 
     @property
     def layer_names(self) -> list[str]:
@@ -101,8 +80,8 @@ class DistributedOptimizerMixin:
     def buckets(self) -> list[list[str]] | None:
         """With ``overlap=True``, the layer names of each bucket in the order they leave;
         None without overlap."""
-        o = self._engine.overlap
-        return None if o is None else [[l.name for l in b] for b in o.buckets]
+        e = self._engine
+        return None if e.hooks is None else [[l.name for l in b] for b in e.buckets]
 
     @property
     def compressed_layer_names(self) -> list[str]:
@@ -119,16 +98,9 @@ class DistributedOptimizerMixin:
         return {
             "compressor": e.compressor.describe(),
             "controller": e.controller.describe(),
-            "min_compress_numel": self.min_compress_numel,
-            "name_prefix": self._prefix,
-            "nonfinite": e.nonfinite,
-            "max_consecutive_skips": e.max_consecutive_skips,
-            "dense_wire": e.exchange.dense_wire,
-            "exchange": e.exchange_kind if e.route is None else e.route.describe(),
             # Buckets decide the collectives: every rank must cut them alike.
-            "overlap": None if e.overlap is None else
-            {"bucket_cap_mb": e.overlap.bucket_cap_mb,
-             "backward_passes_per_step": e.overlap.backward_passes_per_step},
+            **self.options.describe(),
+            "exchange": e.exchange.describe(),
             "parameters": [f"{l.name} {tuple(l.param.shape)} {l.param.dtype}"
                            f"{' compressed' if l.compressible else ''}" for l in e.layers],
         }
@@ -169,11 +141,9 @@ class DistributedOptimizerMixin:
     def remove_hooks(self) -> None:
         """Detach the backward hooks of ``overlap=True`` (before wrapping the same model
         in another optimizer); ``step()`` then does the whole step itself."""
-        if self._engine.overlap is not None:
-            if self._engine.overlap.active:
-                raise RuntimeError("a step is in flight (backward ran): call step() first")
-            self._engine.overlap.remove_hooks()
-            self._engine.overlap = None
+        if self._engine.active:
+            raise RuntimeError("a step is in flight (backward ran): call step() first")
+        self._engine.remove_hooks()
 
     @contextmanager
     def skip_synchronize(self):
@@ -224,7 +194,7 @@ class DistributedOptimizerMixin:
             self.synchronize()
         if not self._synchronized:
             # Inside skip_synchronize() without a synchronize(): a purely local step.
-            if self._engine.overlap is not None and self._engine.overlap.active:
+            if self._engine.active:
                 raise RuntimeError("backward's hooks started this step's exchange "
                                    "(overlap=True): call synchronize() before step() inside "
                                    "skip_synchronize()")
@@ -245,7 +215,7 @@ class DistributedOptimizerMixin:
             stats.t_iter = end - self._last_step_end
         self._last_step_end = end
         e.end_step(stats, samples=None if stats.skipped else
-                   (self.batch_size or 1) * e.comm.size)
+                   (self.options.batch_size or 1) * e.comm.size)
         self._gravac_step += 1
         self._context = None
         return loss
@@ -288,25 +258,28 @@ def _make_controller(controller) -> Controller:
                      f"GraVAC(...)) or a number (a static CF), got {controller!r}")
 
 
+def make_options(options: dict) -> GravacOptions:
+    """``GravacOptions`` from keyword arguments, refusing a name it does not have."""
+    known = [f.name for f in dataclasses.fields(GravacOptions)]
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise ValueError(f"unknown option {unknown[0]!r}; gravac's options are "
+                         f"{', '.join(known)} (gravac.engine.GravacOptions)")
+    return GravacOptions(**options)
+
+
 def wrap_optimizer(optimizer, named_parameters, comm: Comm, compressor="topk", controller=None,
-                   min_compress_numel: int = 1024, compressor_options: dict | None = None,
-                   batch_size: int | None = None, name_prefix: str = "gravac",
-                   nonfinite: str = "skip", max_consecutive_skips: int = 10,
-                   defer_agreement: bool = False, dense_wire: str = "native",
-                   overlap: bool = False, bucket_cap_mb: float = 25.0,
-                   backward_passes_per_step: int = 1, exchange: str = "allgather",
-                   host_of_rank=None):
+                   compressor_options: dict | None = None, host_of_rank=None, **options):
     """The distributed form of ``optimizer`` over ``comm`` (see the front ends' docstrings
-    for the arguments: ``gravac.DistributedOptimizer``). ``host_of_rank`` (hierarchical
-    exchange only): every rank's host, when the launcher's numbering (``comm.node``) is
-    not the layout wanted."""
+    for the arguments: ``gravac.DistributedOptimizer``); ``options`` are the fields of
+    ``GravacOptions``. ``host_of_rank`` (hierarchical exchange only): every rank's host,
+    when the launcher's numbering (``comm.node``) is not the layout wanted."""
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise ValueError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
     if not isinstance(comm, Comm):
         raise ValueError(f"comm must be a gravac.comm.Comm (e.g. gravac.comm.init('auto')), "
                          f"got {type(comm).__name__}")
-    if dense_wire not in DENSE_WIRE:
-        raise ValueError(f"dense_wire must be one of {', '.join(DENSE_WIRE)}, got {dense_wire!r}")
+    opts = make_options(options).check()
     comp = _compressors.get(compressor, **(compressor_options or {}))
     ctrl = _make_controller(controller)
     if ctrl.uses_ranks and not comp.is_lowrank:
@@ -314,10 +287,15 @@ def wrap_optimizer(optimizer, named_parameters, comm: Comm, compressor="topk", c
                          f"compressor='powersgd' takes (got {comp.name!r}); sparsifiers take "
                          "CFs, e.g. Static(cf=100)")
     cls = type(optimizer.__class__.__name__, (DistributedOptimizerMixin, optimizer.__class__), {})
-    return cls(optimizer.param_groups, named_parameters, comp, ctrl, comm, min_compress_numel,
-               batch_size, name_prefix, nonfinite, max_consecutive_skips, defer_agreement,
-               dense_wire, overlap, bucket_cap_mb, backward_passes_per_step, exchange,
-               host_of_rank)
+    return cls(optimizer.param_groups, named_parameters, comp, ctrl, comm, opts, host_of_rank)
+
+
+def options_doc() -> str:
+    """The options' docs, for the front ends' docstrings (one definition of each)."""
+    lines = []
+    for f in dataclasses.fields(GravacOptions):
+        lines.append(f"        {f.name} (default {f.default!r}): {f.metadata['doc']}")
+    return "\n".join(lines)
 
 
 def broadcast_optimizer_state(optimizer, comm: Comm, root: int = 0) -> None:

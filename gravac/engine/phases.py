@@ -1,9 +1,8 @@
 """Where a step's synchronisation spends its time: local work and waits in collectives.
 
-``t_compress`` used to start before the NaN/Inf allreduce and include the gains
-allreduce, so it absorbed the other rank's backward skew and Horovod's cycle; it looked
-like compression. The engine now times each phase with a ``PhaseClock`` (one clock read
-per phase boundary) and reports every phase in the step record:
+The engine times each phase with a ``PhaseClock`` (one clock read per phase boundary)
+and reports every phase in the step record, so that waiting for another rank (its
+backward skew, Horovod's cycle) never looks like compression:
 
 local work (``LOCAL_PHASES``, their sum is ``t_compress``)
     t_control   the controller's plan and decision
@@ -20,9 +19,18 @@ waits in collectives (``WAIT_PHASES``, their sum is ``t_comm``)
                      (controllers that observe gradients: Accordion); otherwise the
                      flags ride in the gains allreduce, the exchange's dense group
                      or beside the exchange, and their wait is in those phases
+    t_wait_select    the rounds a selection needs before its values can travel (the
+                     shared-index exchange's index sets, PowerSGD's P)
     t_wait_gains     the gains allreduce (GraVAC ``decide="previous"`` without overlap:
                      started after the exchange, so this wait holds the exchange's too)
     t_wait_exchange  the sparse allgather and the dense allreduces
+
+``t_discarded`` (``discarded_time``): a step that went dense after compressing threw away
+``DISCARDED_PHASES``, the selection, its norms and its rounds; Algorithm 1 times a dense
+step without them (line 23), so the controller's t_iter leaves them out. The gains
+allreduce is not among them: it carries the NaN/Inf flags, which every step agrees, and
+with overlap it waits behind the buckets in flight, which a dense step sends as well.
+One definition for every exchange, with and without overlap.
 
 On CUDA a clock read would synchronise the device; by default only the phase
 boundaries that already synchronised do (``exact=False``), so the split between the
@@ -49,8 +57,17 @@ from typing import Callable
 
 LOCAL_PHASES = ("t_control", "t_check", "t_feedback", "t_select", "t_norms", "t_residual",
                 "t_pack", "t_unpack")
-WAIT_PHASES = ("t_wait_check", "t_wait_gains", "t_wait_exchange")
+WAIT_PHASES = ("t_wait_check", "t_wait_select", "t_wait_gains", "t_wait_exchange")
 PHASES = LOCAL_PHASES + WAIT_PHASES
+#: The phases of compression that a step which went dense did for nothing.
+DISCARDED_PHASES = ("t_select", "t_norms", "t_wait_select")
+
+
+def discarded_time(times: dict, went_dense: bool, compressed: bool) -> float:
+    """``t_discarded``: the ``DISCARDED_PHASES`` of ``times`` when the step compressed
+    some layer (``compressed``, from the plan: the same on every rank) and then sent it
+    dense; 0 otherwise."""
+    return sum(times[p] for p in DISCARDED_PHASES) if went_dense and compressed else 0.0
 
 
 class PhaseClock:

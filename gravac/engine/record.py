@@ -2,30 +2,28 @@
 
 ``StepStats`` is what the engine says about one optimizer step (what was sent, at which
 CF, the agreed gains, traffic, timings); the optimizer exposes it as ``last_stats``. The
-trainer writes one ``metrics.jsonl`` line per logged step: the ``STEP_FIELDS`` below,
-which are ``StepStats``' logged fields plus the loop's own. The monitor, the report and
-the sweep read those names from here, never from a list of their own.
+trainer writes one ``metrics.jsonl`` line per logged step: the ``STEP_FIELDS`` of the
+run-record schema (gravac/engine/run_record.py, which defines every kind of metrics line),
+``LOGGED_STATS`` of them from here plus the loop's own measures.
 
 Example::
 
     stats = optimizer.last_stats            # a StepStats
     stats.sent in SENT_VALUES                # "candidate", "min", "dense" or "skipped"
     row = stats.as_dict()                    # for JSON
+    line = step_record(stats, step=1, epoch=0, time=0.4, loss=2.3, lr=0.1, world_size=2,
+                       cum_floats_sent=10, cum_dense_floats=100, t_iter=0.4,
+                       samples_per_sec=160.0)
 """
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
 
-from ..controllers.base import SENT_CANDIDATE, SENT_DENSE, SENT_MIN
-from .phases import PHASES
-
-#: The step was skipped on every rank (a NaN/Inf gradient somewhere): nothing was sent.
-SENT_SKIPPED = "skipped"
-SENT_VALUES = (SENT_CANDIDATE, SENT_MIN, SENT_DENSE, SENT_SKIPPED)
-
-#: The metrics file of a run directory (one JSON object per line).
-METRICS_FILE = "metrics.jsonl"
+from ..controllers.base import SENT_DENSE
+# The schema's names that importers of this module use (gravac.engine re-exports them).
+from .run_record import (LOOP_MEASURED, METRICS_FILE, SENT_SKIPPED, SENT_VALUES, STEP,  # noqa: F401
+                         STEP_FIELDS, new_record)
 
 
 @dataclass
@@ -42,9 +40,9 @@ class StepStats:
     bytes_sent: this rank's bytes on the wire; t_*: seconds (None when not measured);
     t_compress: local work (the sum of the ``LOCAL_PHASES``); t_comm: time spent waiting in
     collectives (the NaN/Inf flag, the gains, the exchange: the ``WAIT_PHASES``);
-    t_discarded: the time spent on compression that was then not sent (selection, norms
-    and the gains allreduce of a step that went dense), which the controller's t_iter
-    leaves out.
+    t_discarded: the time spent on compression that was then not sent (the
+    ``DISCARDED_PHASES`` of a step that went dense: gravac/engine/phases.py), which the
+    controller's t_iter leaves out.
     """
 
     step: int
@@ -79,6 +77,7 @@ class StepStats:
     t_pack: float | None = None
     t_unpack: float | None = None
     t_wait_check: float | None = None
+    t_wait_select: float | None = None
     t_wait_gains: float | None = None
     t_wait_exchange: float | None = None
     nonfinite_ranks: list[int] = field(default_factory=list)
@@ -101,30 +100,16 @@ class StepStats:
         return cls(step=step, sent=SENT_DENSE, cf=1.0, floats_sent=numel, dense_floats=numel)
 
 
-#: Every field of a metrics "step" line, in order, with its TensorBoard tag (None: not
-#: plotted). The loop measures step, epoch, time, loss, lr, t_iter, samples/s and the
-#: cumulative traffic itself; every other field is the StepStats field of the same name.
-STEP_COLUMNS = (
-    ("step", None), ("epoch", None), ("time", None), ("world_size", None),
-    ("loss", "train/loss"), ("lr", "train/lr"), ("samples_per_sec", "train/samples_per_sec"),
-    ("sent", None), ("cf", "compression/cf_sent"), ("cf_actual", "compression/cf_actual"),
-    ("theta_min", "compression/theta_min"),
-    ("theta_c", "compression/theta_c"), ("gain_min", "compression/gain_min"),
-    ("gain_c", "compression/gain_c"), ("delta_min", "compression/delta_min"),
-    ("delta_c", "compression/delta_c"),
-    ("floats_sent", "traffic/floats_sent"), ("cum_floats_sent", "traffic/cum_floats_sent"),
-    ("dense_floats", "traffic/dense_floats"), ("bytes_sent", "traffic/bytes_sent"),
-    ("cum_dense_floats", "traffic/cum_dense_floats"),
-    ("t_compute", "time/compute"), ("t_compress", "time/compress"),
-    ("t_comm", "time/communicate"), ("t_update", "time/update"), ("t_iter", "time/step"),
-    *((name, f"time/phase/{name[2:]}") for name in PHASES),
-)
-STEP_FIELDS = tuple(name for name, _ in STEP_COLUMNS)
-#: TensorBoard tag -> step field.
-TENSORBOARD_TAGS = {tag: name for name, tag in STEP_COLUMNS if tag is not None}
-_LOOP_OWN = ("step", "t_iter")
-#: The StepStats fields a metrics "step" line carries.
+#: The StepStats fields a metrics "step" line carries (the other step fields are the
+#: loop's own measures, ``LOOP_MEASURED``).
 LOGGED_STATS = tuple(f.name for f in dataclasses.fields(StepStats)
-                     if f.name in STEP_FIELDS and f.name not in _LOOP_OWN)
-#: The numeric fields of a "step" line (what the report loads as arrays).
-NUMERIC_STEP_FIELDS = tuple(f for f in STEP_FIELDS if f not in ("step", "sent", "world_size"))
+                     if f.name in STEP_FIELDS and f.name not in LOOP_MEASURED)
+
+
+def step_record(stats: StepStats, **measured) -> dict:
+    """The metrics "step" line of ``stats``: the loop's ``measured`` values (exactly the
+    ``LOOP_MEASURED`` fields, in the order given) followed by ``LOGGED_STATS``."""
+    if set(measured) != set(LOOP_MEASURED):
+        raise ValueError(f"step_record needs the loop's measures {', '.join(LOOP_MEASURED)}; "
+                         f"got {', '.join(measured)}")
+    return new_record(STEP, **measured, **{name: getattr(stats, name) for name in LOGGED_STATS})

@@ -1,104 +1,100 @@
-"""The step engine: one step's pipeline, independent of the transport.
+"""The step pipeline: one step's work, the same for every exchange, with or without overlap.
 
 plan -> NaN/Inf scan -> error feedback -> select (both levels) -> agree gains (and the
-NaN/Inf flags) -> decide -> pack -> exchange (when no gains were agreed, the flags ride
-in its dense group, or beside it when it has none) -> unpack -> step record. A plan that
-has decided already (GraVAC ``decide="previous"``, E7) sends its level and agrees the
-gains and flags after the exchange has started. It talks to
-other ranks only through a ``Comm`` and to the controller only through its contract
-(``plan``, ``decide``, ``end_step``), so the same engine runs on Horovod,
-torch.distributed or one process.
+NaN/Inf flags) -> decide -> settle (residuals) -> exchange -> unpack -> step record, bucket
+by bucket. Without overlap the model is one bucket that ``synchronize()`` starts; with
+overlap, backward's hooks start each bucket as its gradients are ready (``buckets.py``).
+How the values travel, and which rounds a selection needs, is the exchange's
+(``exchanges/``): the pipeline writes the flags, the gains, the decision, the skip and
+rollback, ``t_discarded`` and the step record once, for all of them.
 
-Every collective it issues depends only on values every rank shares (the plan, agreed
-gains, agreed NaN flags), so every rank issues the same collectives in the same order.
-A step whose flags say some rank had a NaN/Inf is skipped on every rank, after the round
-that carried the flags: the residuals are rolled back (``ResidualMemory.rollback_step``)
-and nothing received is written into the gradients.
+A bucket leaves as soon as it is selected when the level it sends is known before the
+gains (Static, Accordion, GraVAC ``decide="previous"``); otherwise its compressed layers
+wait for the decision and go in one exchange after the gains allreduce (with overlap the
+dense layers leave at once; without it they wait too, so that the step sends one
+exchange). An exchange whose collectives must not run beside the world's
+(``world_beside``: hierarchical) waits for the gains and the flags with every layer.
+
+Every collective depends only on values every rank shares (the plan, agreed gains,
+agreed NaN flags), so every rank issues the same collectives in the same order. A step
+whose flags say some rank had a NaN/Inf is skipped on every rank, after the round that
+carried the flags (the gains allreduce, the last bucket's dense group, or one tiny
+allreduce beside the exchange; first of all when the controller observes gradients):
+the residuals are rolled back and nothing received is written into the gradients.
 
 Example::
 
-    engine = StepEngine(layers, compressor, controller, comm)
-    stats = engine.synchronize(step=0, lr_decayed=False)   # grads now averaged
+    engine = StepEngine(layers, compressor, controller, comm, GravacOptions())
+    stats = engine.synchronize(step=0, lr_decayed=False, t_compute=None)  # grads averaged
     optimizer.step()
-    engine.end_step(stats, t_update=..., t_iter=..., samples=32 * comm.size)
+    engine.end_step(stats, samples=32 * comm.size)
 """
 from __future__ import annotations
 
 import time
-from typing import NamedTuple
+from dataclasses import dataclass, field
 
 import torch
 
 from ..comm import Comm
-from ..compressors import Compressor, SelectContext, num_kept
-from ..controllers import SENT_CANDIDATE, SENT_DENSE, SENT_MIN, Controller, StepRecord
+from ..controllers import SENT_CANDIDATE, SENT_DENSE, SENT_MIN, Controller, StepPlan, StepRecord
 from ..memory import ResidualMemory, follow_devices
 from .agreement import check_agreement
-from .decision import checked_decision
-from .exchange import EXCHANGES, AllgatherExchange, check_exchange
-from .hierarchical import HierarchicalStep
+from .buckets import BackwardHooks, build_buckets
+from .exchanges import SentLayer, exchange_class
 from .layers import Layer
-from .lowrank import LowRankStep
-from .phases import PhaseClock
+from .options import GravacOptions
+from .phases import PhaseClock, discarded_time
 from .record import SENT_SKIPPED, StepStats
-from .selection import (Selection, apply_decision, flagged_ranks, gain_row,  # noqa: F401
-                        gain_rows, has_nonfinite, nonfinite_flag)
-from .shared_index import SharedIndexStep
-
-class Decision(NamedTuple):
-    """What ``StepEngine.decide`` agreed: the level sent (None on a skipped step), the
-    gains, the ranks with a NaN/Inf, and this rank's flag if still to agree (a bool, or a
-    0-dim bool tensor on a GPU: ``nonfinite_flag``)."""
-
-    sent: str | None
-    gain_min: float | None
-    gain_c: float | None
-    bad_ranks: list[int]
-    local_bad: bool | torch.Tensor | None
+from .selection import flagged_ranks, nonfinite_flag
 
 
-__all__ = ["EXCHANGES", "StepEngine", "check_exchange", "flagged_ranks", "gain_row",
-           "has_nonfinite", "nonfinite_flag"]
+@dataclass
+class _Step:
+    """What one step has done so far."""
+
+    step: int
+    plan: StepPlan
+    clock: PhaseClock
+    #: (first level, candidate level) of each layer compressed this step, whole model.
+    planned: dict[str, tuple]
+    all_candidate: bool
+    level: str | None                 # what compressed layers send; None: after the gains
+    hold_all: bool                    # dense layers wait for the decision too
+    ready: set = field(default_factory=set)
+    next_bucket: int = 0
+    pendings: list = field(default_factory=list)
+    rows: list = field(default_factory=list)           # gain rows, one per selection
+    held: list = field(default_factory=list)           # selections waiting for the decision
+    held_dense: list = field(default_factory=list)     # dense layers waiting (hold_all)
+    sent: list = field(default_factory=list)           # SentLayer of what left compressed
+    discarded_floats: int = 0         # selection traffic of layers that then went dense
+    select_bytes: int = 0
+    local_bad: bool | torch.Tensor = False             # on a GPU: a device flag, no sync
+    scanned: bool = False             # every gradient scanned for NaN/Inf already
+    flags_agreed: bool = False
+    flags_carrier: object = None      # the exchange the flags ride in
+    staged: dict | None = None        # gradient copies for the controller (overlap)
+    t_hooks: float = 0.0
 
 
 class StepEngine:
     """Compress, exchange and aggregate the gradients of ``layers`` for one step.
 
-    ``nonfinite``: ``"skip"`` a step with a NaN/Inf gradient on any rank (on every rank),
-    or ``"raise"``; ``max_consecutive_skips`` bounds the skips in a row. ``dense_wire``:
-    ``"fp16"`` sends dense layers as fp16 (Horovod's Compression.fp16). ``exchange``: how
-    sparse layers travel (``EXCHANGES``): ``"allgather"`` (the paper's),
-    ``"allgather_coded"`` (the same with coded index fields, ``codec.py``), ``"hierarchical"``
-    (``hierarchical.py``; ``host_of_rank`` overrides the launcher's host of each rank) or
-    ``"shared_index"`` (``shared_index.py``). Building a hierarchical engine is collective.
+    ``options`` (``GravacOptions``) set the exchange, overlap, the NaN/Inf policy and the
+    dense wire; ``host_of_rank`` overrides the launcher's host of each rank for the
+    hierarchical exchange. ``step_context()`` gives (step, lr_decayed) of the step the
+    first backward hook belongs to (the optimizer's clock), with overlap.
     """
 
-    def __init__(self, layers: list[Layer], compressor: Compressor, controller: Controller,
-                 comm: Comm, prefix: str = "gravac", nonfinite: str = "skip",
-                 max_consecutive_skips: int = 10, dense_wire: str = "native",
-                 exchange: str = "allgather", host_of_rank=None):
-        if nonfinite not in ("skip", "raise"):
-            raise ValueError(f"nonfinite must be 'skip' (skip the step on every rank) or 'raise' "
-                             f"(stop), got {nonfinite!r}")
-        if isinstance(max_consecutive_skips, bool) or not isinstance(max_consecutive_skips, int) \
-                or max_consecutive_skips < 0:
-            raise ValueError(f"max_consecutive_skips must be an int >= 0, got "
-                             f"{max_consecutive_skips!r}")
+    def __init__(self, layers: list[Layer], compressor, controller: Controller, comm: Comm,
+                 options: GravacOptions, host_of_rank=None, step_context=None):
+        options.check_with(compressor)
         self.layers, self.compressor, self.controller = layers, compressor, controller
-        self.comm, self.prefix = comm, prefix
-        self.nonfinite, self.max_consecutive_skips = nonfinite, max_consecutive_skips
-        self.exchange = AllgatherExchange(comm, prefix, dense_wire,
-                                          index_coding=exchange == "allgather_coded")
+        self.comm, self.options, self.prefix = comm, options, options.name_prefix
+        self.exchange = exchange_class(options.exchange, compressor)(
+            comm, self.prefix, options.dense_wire, compressor, host_of_rank=host_of_rank)
         self.memory = ResidualMemory()
-        # Low-rank compressors (PowerSGD) send factors by allreduce: gravac/engine/lowrank.py.
-        self.lowrank = LowRankStep(self) if compressor.is_lowrank else None
-        self.exchange_kind = check_exchange(exchange, compressor)
-        # The step of a non-default exchange (None: the allgather path below).
-        self.route = None
-        if exchange == "hierarchical":
-            self.route = HierarchicalStep(self, host_of_rank)
-        elif exchange == "shared_index":
-            self.route = SharedIndexStep(self)
         self.skipped_steps: list[dict] = []
         self._consecutive_skips = 0
         # CUDA kernels run asynchronously: time phases only after the device has finished.
@@ -106,13 +102,23 @@ class StepEngine:
         #: On CUDA, synchronise at every phase boundary for an exact split (costs a device
         #: sync per phase; ``benchmarks/step_profile.py`` turns it on). CPU: always exact.
         self.exact_phases = False
-        #: A ``BackwardOverlap`` when the step starts in backward's hooks (overlap=True).
-        self.overlap = None
+        self._state: _Step | None = None
+        self._step_context = step_context
+        self.hooks: BackwardHooks | None = None
+        self.buckets = [layers]
+        if options.overlap:
+            self.buckets = build_buckets(layers, int(options.bucket_cap_mb * 2**20))
+            self.hooks = BackwardHooks(layers, self._on_ready, options.backward_passes_per_step)
         self.controller.bind(self.compressed_layer_names, comm)
 
     @property
     def compressed_layer_names(self) -> list[str]:
         return [l.name for l in self.layers if l.compressible]
+
+    @property
+    def active(self) -> bool:
+        """A step has begun (a backward hook ran) and ``synchronize`` has not finished it."""
+        return self._state is not None
 
     # -- world ----------------------------------------------------------------------------
     def agree(self, description: dict) -> None:
@@ -122,12 +128,21 @@ class StepEngine:
     def rebind(self, comm: Comm) -> None:
         """Use ``comm`` from now on (an elastic reset); the controller keeps its state."""
         self.comm = comm
-        self.exchange.comm = comm
-        if self.route is not None:
-            self.route.bind(comm)
-        if self.overlap is not None:
-            self.overlap.reset()
+        self.exchange.bind(comm)
+        self.reset()
         self.controller.rebind(self.compressed_layer_names, comm)
+
+    def reset(self) -> None:
+        """Forget a step left half-done (an elastic reset: its collectives are gone)."""
+        self._state = None
+        if self.hooks is not None:
+            self.hooks.reset()
+
+    def remove_hooks(self) -> None:
+        """Back to one bucket that ``synchronize`` starts (no overlap)."""
+        if self.hooks is not None:
+            self.hooks.remove()
+        self.hooks, self.buckets = None, [self.layers]
 
     def _refresh_devices(self) -> None:
         """Where the parameters live: ``device`` (the first layer's: small tensors made
@@ -156,10 +171,21 @@ class StepEngine:
     # -- the step -------------------------------------------------------------------------
     def synchronize(self, step: int, lr_decayed: bool, t_compute: float | None) -> StepStats:
         """Average every layer's gradient across ranks (compressed as the controller
-        plans), in place in ``.grad``; returns what the step did. With ``overlap`` (a
-        ``BackwardOverlap``), the buckets that backward's hooks started are finished."""
-        if self.overlap is not None:
-            return self.overlap.synchronize(t_compute)
+        plans), in place in ``.grad``; returns what the step did. With overlap, the
+        buckets that backward's hooks started are finished."""
+        hooked = self._state is not None
+        state = self._state or self._begin(step, lr_decayed)
+        state.clock.resume()
+        try:
+            if not hooked and self.hooks is None:
+                skipped = self._before_buckets(state, t_compute)
+                if skipped is not None:
+                    return skipped
+            return self._finish(state, t_compute)
+        finally:
+            self.reset()
+
+    def _begin(self, step: int, lr_decayed: bool) -> _Step:
         self._refresh_devices()
         clock = PhaseClock(self.now, exact=not self._cuda or self.exact_phases)
         # A learning-rate decay must reach the controller before it plans the step that
@@ -167,127 +193,277 @@ class StepEngine:
         if lr_decayed:
             self.controller.on_lr_decay()
         plan = self.controller.plan(step)
+        planned = {}
+        for layer in self.layers:
+            if layer.compressible:
+                levels = self.exchange.plan_layer(layer, plan)
+                if levels is not None:
+                    planned[layer.name] = levels
+        all_candidate = bool(planned) and all(c is not None for _, c in planned.values())
+        level = plan.decided if plan.needs_gains else SENT_MIN
+        if level == SENT_CANDIDATE and not all_candidate:
+            raise RuntimeError("controller decided the candidate but its plan has no candidate "
+                               "CF above theta_min")
         clock.lap("t_control")
-        self._densify_grads()
-        # NaN/Inf: each rank scans its gradients now, before error feedback; the ranks agree
-        # on the flags together with data they exchange anyway (the gains allreduce, the
-        # exchange's dense group, or beside the exchange), so a step has no round of its
-        # own for it. Residuals are updated into spare buffers and rolled back if a rank
-        # had one. A controller that observes gradients (Accordion) must not see a skipped
-        # step's: it agrees first. On a GPU the flag stays there (no host sync) until it
-        # travels with the gains or the exchange.
-        local_bad = nonfinite_flag([l.param.grad for l in self.layers])
+        hold_all = not self.exchange.world_beside or (level is None and self.hooks is None)
+        self.memory.begin_step()
+        self._state = _Step(step, plan, clock, planned, all_candidate, level, hold_all)
+        if self.hooks is not None:
+            # The exchange's work before selection, gradients or not (an overlapping
+            # exchange's begin does not read them; without hooks: _before_buckets).
+            self.exchange.begin(self.layers, clock)
+            if self.controller.wants_gradients:
+                self._state.staged = {}
+        return self._state
+
+    def _before_buckets(self, state: _Step, t_compute) -> StepStats | None:
+        """Without hooks every gradient is here: a controller that observes gradients
+        (Accordion) must not see a skipped step's, so the flags are agreed first, in a
+        round of their own; and the exchange's work before selection runs."""
+        clock = state.clock
+        for layer in self.layers:
+            densify_grad(layer)
+        # Before the exchange's first work (the hierarchical host average would spread a
+        # NaN to the host's other ranks).
+        state.local_bad = nonfinite_flag([l.param.grad for l in self.layers])
+        state.scanned = True
         clock.lap("t_check")
         if self.controller.observes_gradients:   # the same on every rank
-            bad_ranks = self._agree_flags(local_bad, clock)
+            bad_ranks = self._agree_flags(state.local_bad, clock)
             if bad_ranks:
-                return self.skip(step, bad_ranks, clock, t_compute)
-            local_bad = None                     # agreed
+                return self.skip(state.step, bad_ranks, clock, t_compute)
+            state.flags_agreed = True
         if self.controller.wants_gradients:      # may differ per rank: no collective here
             self.controller.observe_gradients(
                 {l.name: l.param.grad for l in self.layers if l.compressible})
             clock.lap("t_control")
-        self.memory.begin_step()
-        if self.lowrank is not None:
-            # PowerSGD's path expects agreed flags (it has rounds of its own: P, gains, Q).
-            if local_bad is not None:
-                bad_ranks = self._agree_flags(local_bad, clock)
-                if bad_ranks:
-                    return self.skip(step, bad_ranks, clock, t_compute)
-            return self.lowrank.synchronize(plan, step, clock, t_compute)
-        if self.route is not None:
-            return self.route.synchronize(plan, step, clock, t_compute, local_bad)
+        self.exchange.begin(self.layers, clock)
+        return None
 
-        selections, dense = self.feed_and_select_all(self.layers, plan, step, clock)
+    def _on_ready(self, layer: Layer) -> None:
+        """A backward hook: ``layer``'s gradient is complete; start what is ready."""
+        # What the hooks add to the phases is taken out of t_compute (backward's time) by
+        # synchronize: the phase time charged in this hook, not the hook's wall time, which
+        # on a GPU with exact phases would include waiting for backward's own kernels.
+        state = self._state
+        charged = 0.0 if state is None else state.clock.charged()
+        if state is None:
+            state = self._begin(*self._step_context())
+        state.clock.resume()
+        state.ready.add(layer.index)
+        self._start_ready(state)
+        state.t_hooks += state.clock.charged() - charged
 
-        # E7 (GraVAC decide="previous"): the plan has decided what the step sends, so the
-        # gains only update the controller's averages: their allreduce goes after the
-        # exchange has started, in its round, instead of holding it back by a round.
-        gains_later = plan.decided is not None and plan.needs_gains
-        if gains_later:
-            sent, rows, candidate_planned = self._planned_level(plan, selections, clock)
-            gain_min = gain_c = None
-        else:
-            d = self.decide(plan, selections, clock, local_bad)
-            if d.bad_ranks:
-                return self.skip(step, d.bad_ranks, clock, t_compute)
-            sent, gain_min, gain_c, local_bad = d.sent, d.gain_min, d.gain_c, d.local_bad
+    def _start_ready(self, state: _Step) -> None:
+        while state.next_bucket < len(self.buckets) and \
+                all(l.index in state.ready for l in self.buckets[state.next_bucket]):
+            self._start_bucket(state, state.next_bucket)
+            state.next_bucket += 1
 
-        # Compression computed and then not used (a dense decision): Algorithm 1 times a
-        # dense step without it (line 23), so the controller is told t_iter minus this.
-        # (E7's gains round is not for nothing: it carries the flags and the averages.)
-        t_discarded = 0.0
-        if sent == SENT_DENSE and selections:
-            t_discarded = sum(clock.times[p] for p in ("t_select", "t_norms", "t_wait_gains"))
-        had_layers = bool(selections)
-        payload = apply_decision(self.memory, selections, sent)
-        if sent == SENT_DENSE:
-            dense.extend(s.layer for s in selections)
+    def _tag(self, what) -> str:
+        """The end of a bucket's collectives' names: buckets in flight at once (overlap)
+        need different ones; without overlap there is one exchange and no tag."""
+        return "" if self.hooks is None else f".{what}"
+
+    def _start_bucket(self, state: _Step, b: int) -> None:
+        clock, plan, memory, exchange = state.clock, state.plan, self.memory, self.exchange
+        layers = self.buckets[b]
+        for layer in layers:
+            densify_grad(layer)
+        if not state.scanned:
+            # On a GPU a device flag, or-ed over the buckets: no host sync in the hooks.
+            bad = nonfinite_flag([l.param.grad for l in layers])
+            state.local_bad = bad if state.local_bad is False else state.local_bad | bad
+            clock.lap("t_check")
+        if state.staged is not None:
+            for layer in layers:
+                if layer.compressible:
+                    state.staged[layer.name] = layer.param.grad.detach().clone()
+            clock.lap("t_control")
+        work = exchange.mine(layers)
+        compressed = [l for l in work if l.name in state.planned]
+        dense = [l for l in work if l.name not in state.planned]
+        for layer in dense:
+            if layer.compressible:
+                # Planned dense: its gradient absorbs the residual (free when that is zero,
+                # e.g. GraVAC settled on dense on a fast link).
+                memory.flush_into(layer.name, layer.param.grad)
+        g_efs = memory.compensate_all([l.name for l in compressed],
+                                      [l.param.grad for l in compressed])
+        clock.lap("t_feedback")
+        selections = []
+        if compressed:
+            fed = [(l, g, *state.planned[l.name]) for l, g in zip(compressed, g_efs)]
+            selections, nbytes = exchange.select(fed, state.step, clock)
+            state.select_bytes += nbytes
+        if plan.needs_gains:
+            # Measured now, before the residual update reuses g_ef's buffer.
+            state.rows.extend(exchange.gain_rows(selections, plan.gain_measure))
+            clock.lap("t_norms")
+        if state.hold_all:
+            state.held.extend(selections)
+            state.held_dense.extend(dense)
+            return
+        if state.level is None:
+            state.held.extend(selections)
             selections = []
-        clock.lap("t_residual")
-        packed = self.exchange.pack(payload)
-        clock.lap("t_pack", sync=True)
-        if gains_later:
-            pending = self.exchange.start(packed, dense, same_size=self.compressor.exact_count)
-            # The plan's level again (checked_decision), and the gains reach the averages.
-            d = self.decide(plan, [], clock, local_bad, has_layers=had_layers,
-                            candidate_planned=candidate_planned, rows=rows)
-            gain_min, gain_c, bad_ranks = d.gain_min, d.gain_c, d.bad_ranks
-            pending.wait()
+        sent = self._settle(state, selections, state.level, dense)
+        # The last bucket's scan completes this rank's flags: without a gains round to
+        # carry them, they ride in its dense group (if it has one).
+        last = b == len(self.buckets) - 1 and not plan.needs_gains and not state.flags_agreed
+        self._start(state, sent, dense, self._tag(f"b{b}"),
+                    flags=self.flags(state.local_bad) if last else None)
+
+    def _settle(self, state: _Step, selections, level: str, dense: list) -> list[SentLayer]:
+        """Send ``selections`` at ``level``: what the exchange sends of each, the residual
+        keeping the rest; on a dense decision g_ef goes whole (into ``dense``)."""
+        if level != SENT_DENSE:
+            sent = [self.exchange.settle(self.memory, s, level) for s in selections]
         else:
-            pending = self.exchange.start(
-                packed, dense, same_size=self.compressor.exact_count,
-                flags=None if local_bad is None else self.flags(local_bad))
-            flags = None if pending.carries_flags else self.start_flags(local_bad)
+            sent = []
+            for s in selections:
+                s.layer.param.grad.view(-1).copy_(s.g_ef)
+                self.memory.update(s.layer.name, s.g_ef, None)
+                dense.append(s.layer)
+                state.discarded_floats += s.select_floats
+        if selections:
+            state.clock.lap("t_residual")
+        return sent
+
+    def _start(self, state: _Step, sent: list[SentLayer], dense: list[Layer], tag: str,
+               flags: torch.Tensor | None = None) -> None:
+        if not sent and not dense:
+            return                       # the same on every rank: the plan decides it
+        pending = self.exchange.start(sent, dense, tag, flags,
+                                      same_size=self.compressor.exact_count)
+        state.clock.lap("t_pack", sync=True)
+        if pending.carries_flags:
+            state.flags_carrier = pending
+        state.sent.extend(sent)
+        state.pendings.append(pending)
+
+    def _finish(self, state: _Step, t_compute: float | None) -> StepStats:
+        clock, plan = state.clock, state.plan
+        if t_compute is not None:
+            t_compute = max(t_compute - state.t_hooks, 0.0)   # hook work is in the phases
+        state.ready.update(l.index for l in self.layers)
+        self._start_ready(state)         # layers without a gradient: zeros, in order
+        gain_min = gain_c = None
+        bad_ranks: list[int] = []
+        flags = None
+        sent = state.level
+        if plan.needs_gains:
+            gain_min, gain_c, bad_ranks = self.agree_gain_rows(
+                state.rows, clock, None if state.flags_agreed else state.local_bad)
+            state.flags_agreed = True
+            if not bad_ranks:
+                if not state.all_candidate:
+                    gain_c = None
+                sent = self._decide(gain_min, gain_c, state)
+                clock.lap("t_control")
+        if not bad_ranks and (state.held or state.held_dense):
+            if not state.flags_agreed and state.hold_all:
+                # Never beside the exchange (world_beside): the flags' round of its own,
+                # before it (a 2x2 Horovod run hung when they ran beside a shard group's).
+                bad_ranks = self._agree_flags(state.local_bad, clock)
+                state.flags_agreed = True
+            if not bad_ranks:
+                dense = list(state.held_dense)
+                payload = self._settle(state, state.held, sent, dense)
+                self._start(state, payload, dense, self._tag("held"),
+                            flags=None if state.flags_agreed else self.flags(state.local_bad))
+        if not bad_ranks and not state.flags_agreed and state.flags_carrier is None:
+            # No group carried the flags: one more tiny allreduce, beside the exchange.
+            flags = self.comm.allreduce_async(self.flags(state.local_bad), op="sum",
+                                              name=f"{self.prefix}.finite")
+        for pending in state.pendings:
             pending.wait()
-            bad_ranks = (pending.flagged_ranks() if pending.carries_flags
-                         else self.finish_flags(flags))
+        if flags is not None:
+            bad_ranks = flagged_ranks(flags.wait())
+        elif state.flags_carrier is not None and not bad_ranks:
+            bad_ranks = state.flags_carrier.flagged_ranks()
         clock.lap("t_wait_exchange", sync=True)
         if bad_ranks:
-            # What arrived is discarded: gradients are not written, residuals go back.
+            # What arrived is not written (dense buckets were reduced in place, but the
+            # step is skipped); residuals go back.
             self.memory.rollback_step()
-            return self.skip(step, bad_ranks, clock, t_compute)
-        pending.unpack()
+            return self.skip(state.step, bad_ranks, clock, t_compute)
+        for pending in state.pendings:
+            pending.unpack()
         clock.lap("t_unpack", sync=True)
+        self.exchange.end(clock)
+        if state.staged:
+            self.controller.observe_gradients(state.staged)
+            clock.lap("t_control")
+        return self._record(state, sent or SENT_MIN, gain_min, gain_c, t_compute)
 
-        sparse = [(layer, int(v.numel())) for layer, v, _ in payload]
-        return self.sent_stats(step, plan, sent, sparse, dense, pending.bytes_sent, gain_min,
-                               gain_c, clock, t_compute, t_discarded)
+    def _decide(self, gain_min: float, gain_c: float | None, state: _Step) -> str:
+        """``controller.decide`` from the agreed gains (``SENT_MIN`` when no layer is
+        compressed), refusing an answer outside the three, or the candidate when none was
+        planned. A plan that decided before the step (GraVAC ``decide="previous"``) sends
+        its level; ``decide`` still sees the gains, which update its averages."""
+        if not state.planned:
+            return SENT_MIN
+        sent = self.controller.decide(gain_min, gain_c)
+        if state.plan.decided is not None:
+            sent = state.plan.decided
+        if sent not in (SENT_CANDIDATE, SENT_MIN, SENT_DENSE):
+            raise RuntimeError(f"controller returned {sent!r}; expected one of "
+                               f"{SENT_CANDIDATE!r}, {SENT_MIN!r}, {SENT_DENSE!r}")
+        if sent == SENT_CANDIDATE and not state.all_candidate:
+            raise RuntimeError("controller chose the candidate but its plan had no candidate "
+                               "CF above theta_min")
+        return sent
 
-    def sent_stats(self, step: int, plan, sent: str, sparse: list[tuple[Layer, int]],
-                   dense: list[Layer], bytes_sent: int, gain_min, gain_c, clock: PhaseClock,
-                   t_compute: float | None, t_discarded: float) -> StepStats:
-        """The record of a step that was sent: ``sparse`` lists (layer, values sent)."""
-        kept = sum(n for _, n in sparse)
-        sparse_numel = sum(layer.numel for layer, _ in sparse)
-        dense_numel = sum(l.numel for l in dense)
+    def _record(self, state: _Step, sent: str, gain_min, gain_c, t_compute) -> StepStats:
+        """The step record of a step that was sent."""
+        plan, clock = state.plan, state.clock
+        went_dense = sent == SENT_DENSE
+        remote = [] if went_dense else self.exchange.remote(
+            [(l, *state.planned[l.name]) for l in self.layers if l.name in state.planned], sent)
+        sparse = state.sent + remote
+        names = {s.layer.name for s in sparse}
+        dense_numel = sum(l.numel for l in self.layers if l.name not in names)
+        kept = sum(s.values for s in sparse)
+        effective = sum(s.layer.numel for s in sparse) / kept if kept else 1.0
+        by_rank = plan.layer_rank is not None
         if not sparse:
-            sent, cf_sent = SENT_DENSE, 1.0    # nothing went sparse this step
+            sent, cf_sent = SENT_DENSE, 1.0    # nothing went compressed this step
+        elif by_rank:
+            cf_sent = effective
         elif sent == SENT_CANDIDATE:
             cf_sent = float(plan.theta_c)
         elif plan.layer_cf is None:
             cf_sent = float(plan.theta_min)
         else:
-            cf_sent = _effective_cf(sparse_numel, kept)
+            cf_sent = effective
+        if by_rank:
+            layer_cf = {s.layer.name: s.layer.numel / s.values for s in sparse}
+        else:
+            layer_cf = None if plan.layer_cf is None else dict(plan.layer_cf)
+        values = kept + state.discarded_floats
         self._consecutive_skips = 0
         return StepStats(
-            step=step, sent=sent, cf=cf_sent,
+            step=state.step, sent=sent, cf=cf_sent,
             # What really travelled: DGC and RedSync keep about, not exactly, n/θ values.
-            cf_actual=_effective_cf(sparse_numel, kept) if sparse else 1.0,
-            theta_min=float(plan.theta_min),
+            cf_actual=effective,
+            # Planned in ranks, θmin is what the ranks came to.
+            theta_min=cf_sent if by_rank else float(plan.theta_min),
             theta_c=None if plan.theta_c is None else float(plan.theta_c),
             gain_min=gain_min, gain_c=gain_c,
-            sparse_layers=len(sparse), dense_layers=len(dense), values_sent=kept,
+            sparse_layers=len(sparse), dense_layers=len(self.layers) - len(sparse),
+            values_sent=values,
             # Values and indices each count as one float (as the paper counts), plus dense.
-            floats_sent=2 * kept + dense_numel,
-            dense_floats=sum(l.numel for l in self.layers), bytes_sent=bytes_sent,
+            floats_sent=values + sum(s.index_floats for s in sparse) + dense_numel,
+            dense_floats=sum(l.numel for l in self.layers),
+            bytes_sent=sum(p.bytes_sent for p in state.pendings) + state.select_bytes,
             t_compute=t_compute, t_compress=clock.local(), t_comm=clock.waits(),
-            t_discarded=t_discarded, **clock.times,
-            layer_cf=None if plan.layer_cf is None else dict(plan.layer_cf))
+            t_discarded=discarded_time(clock.times, went_dense, bool(state.planned)),
+            **clock.times, layer_cf=layer_cf)
 
     def end_step(self, stats: StepStats, samples: float | None) -> None:
         """Tell the controller how the step went (every rank, same order); fills the
-        smoothed gains into ``stats``."""
+        smoothed gains into ``stats``. Its t_iter leaves out ``t_discarded``."""
         gain = {SENT_CANDIDATE: stats.gain_c, SENT_MIN: stats.gain_min}.get(stats.sent, 1.0)
         t_iter = stats.t_iter
         if t_iter is not None and stats.t_discarded:
@@ -299,132 +475,9 @@ class StepEngine:
         summary = self.controller.summary()
         stats.delta_min, stats.delta_c = summary.get("delta_min"), summary.get("delta_c")
 
-    # -- pieces ---------------------------------------------------------------------------
-    def _densify_grads(self) -> None:
-        for layer in self.layers:
-            self.densify_grad(layer)
-
-    @staticmethod
-    def densify_grad(layer: Layer) -> None:
-        grad = layer.param.grad
-        if grad is None:
-            # Every rank must send every layer (another rank may have a gradient for it).
-            layer.param.grad = torch.zeros_like(layer.param)
-        elif grad.is_sparse:
-            # Sparse embedding gradients: compressed or averaged like any other layer
-            # (the optimizer then sees a dense gradient, as with sparse_as_dense).
-            layer.param.grad = grad.to_dense()
-
-
-    def feed_and_select_all(self, layers: list[Layer], plan, step: int,
-                            clock: PhaseClock) -> tuple[list[Selection], list[Layer]]:
-        """Error feedback of every compressible layer, then both levels' selection of
-        all of them together (``select_all``: a compressor may batch the layers):
-        (the selections, the layers that go dense: not compressible, or planned dense,
-        whose gradient then absorbed its residual)."""
-        dense, compressed = [], []
-        for layer in layers:
-            if not layer.compressible:
-                dense.append(layer)
-                continue
-            cf = plan.cf_of(layer.name)
-            if cf <= 1:
-                self.memory.flush_into(layer.name, layer.param.grad)
-                dense.append(layer)
-            else:
-                compressed.append((layer, cf))
-        g_efs = self.memory.compensate_all([layer.name for layer, _ in compressed],
-                                           [layer.param.grad for layer, _ in compressed])
-        fed = [(layer, g_ef, cf) for (layer, cf), g_ef in zip(compressed, g_efs)]
-        clock.lap("t_feedback")
-        selections = self.select_all(fed, plan.theta_c, step)
-        clock.lap("t_select")
-        return selections, dense
-
-    def feed_and_select(self, layer: Layer, plan, step: int,
-                        clock: PhaseClock) -> Selection | None:
-        """Error feedback and both levels' selection of one compressible layer at the
-        plan's CF; None when the plan sends it dense (its gradient then absorbed the
-        residual: free when that is zero, e.g. GraVAC settled on dense on a fast link)."""
-        selections, _ = self.feed_and_select_all([layer], plan, step, clock)
-        return selections[0] if selections else None
-
-    def select(self, layer: Layer, g_ef: torch.Tensor, cf: float, theta_c: float | None,
-               step: int) -> Selection:
-        """Both levels of one layer (``select_all``)."""
-        return self.select_all([(layer, g_ef, cf)], theta_c, step)[0]
-
-    def select_all(self, fed: list[tuple[Layer, torch.Tensor, float]], theta_c: float | None,
-                   step: int) -> list[Selection]:
-        """Both levels of each (layer, g_ef, cf): the first keeps num_kept(n, cf) of g_ef,
-        the second (multi-level, where θc > cf) num_kept(n, θc) of those kept values.
-        Each level is one ``select_many`` over every layer."""
-        rank = self.comm.rank
-        idx_min = self.compressor.select_many(
-            [g_ef for _, g_ef, _ in fed], [num_kept(layer.numel, cf) for layer, _, cf in fed],
-            [SelectContext(step, layer.index, rank, 0) for layer, _, _ in fed])
-        # index_select, not advanced indexing: ~3-10x slower on CPU
-        selections = [Selection(layer, g_ef, idx, g_ef.index_select(0, idx))
-                      for (layer, g_ef, _), idx in zip(fed, idx_min)]
-        second = [i for i, (_, _, cf) in enumerate(fed) if theta_c is not None and theta_c > cf]
-        if second:
-            # Multi-level: the second pass sees the k_min kept values, not the n entries;
-            # its k is the one a direct compression at θc would use.
-            subs = self.compressor.select_many(
-                [selections[i].val_min for i in second],
-                [num_kept(fed[i][0].numel, theta_c) for i in second],
-                [SelectContext(step, fed[i][0].index, rank, 1) for i in second])
-            for i, sub in zip(second, subs):
-                sel = selections[i]
-                sel.idx_c, sel.val_c = sel.idx_min.index_select(0, sub), sel.val_min.index_select(0, sub)
-        return selections
-
-    def _planned_level(self, plan, selections: list[Selection], clock: PhaseClock):
-        """E7: (the level the plan decided, the gain rows to agree after the exchange has
-        started, whether every layer has a candidate). The rows are measured now, before
-        the residual update reuses g_ef's buffer."""
-        candidate_planned = all(s.val_c is not None for s in selections)
-        sent = plan.decided if selections else SENT_MIN
-        if sent == SENT_CANDIDATE and not candidate_planned:
-            raise RuntimeError("controller decided the candidate but its plan has no "
-                               "candidate CF above theta_min")
-        rows = gain_rows(selections, plan.gain_measure)
-        clock.lap("t_norms")
-        return sent, rows, candidate_planned
-
-    def decide(self, plan, selections: list[Selection], clock: PhaseClock,
-               local_bad: bool | torch.Tensor | None, has_layers: bool | None = None,
-               candidate_planned: bool | None = None,
-               rows: list[torch.Tensor] | None = None) -> "Decision":
-        """The step's decision, the same on every rank. With ``plan.needs_gains`` the gains
-        of ``selections`` (this rank's, maybe none; or their ``gain_row`` rows, measured
-        earlier) are agreed by one allreduce that also carries ``local_bad`` when not None;
-        ranks with a NaN/Inf mean the step must be skipped (the residuals are rolled back
-        here, ``sent`` is None). ``has_layers`` and ``candidate_planned`` (from
-        ``selections`` by default) must be the same on every rank. ``Decision.local_bad``:
-        the flag still to agree (None once the gains did)."""
-        if has_layers is None:
-            has_layers = bool(selections)
-        if candidate_planned is None:
-            candidate_planned = all(s.val_c is not None for s in selections)
-        gain_min = gain_c = None
-        if plan.needs_gains:
-            if rows is None:
-                rows = gain_rows(selections, plan.gain_measure)
-            gain_min, gain_c, bad_ranks = self.agree_gain_rows(rows, clock, local_bad)
-            if bad_ranks:
-                self.memory.rollback_step()
-                return Decision(None, gain_min, gain_c, bad_ranks, None)
-            local_bad = None                     # agreed with the gains
-            if not candidate_planned:
-                gain_c = None
-        sent = checked_decision(self.controller, gain_min, gain_c, has_layers,
-                                candidate_planned, plan.decided)
-        clock.lap("t_control")
-        return Decision(sent, gain_min, gain_c, [], local_bad)
-
+    # -- agreement ------------------------------------------------------------------------
     def agree_gain_rows(self, rows: list[torch.Tensor], clock: PhaseClock | None = None,
-                         local_bad: bool | torch.Tensor | None = None):
+                        local_bad: bool | torch.Tensor | None = None):
         """Whole-model compression gains of both levels from per-layer rows (``gain_row``),
         summed over ranks with one tiny allreduce: (gain_min, gain_c, ranks with a NaN/Inf
         gradient). ``"energy"`` rows give Σ‖g_min‖²/Σ‖g_ef‖² and Σ‖g_c‖²/Σ‖g_ef‖²
@@ -474,22 +527,9 @@ class StepEngine:
             flags[self.comm.rank] = 1.0
         return flags
 
-    def start_flags(self, local_bad: bool | torch.Tensor | None):
-        """The NaN/Inf flags' allreduce when the gains did not carry them (``local_bad``
-        not None), started beside the exchange: one more tiny allreduce in its round."""
-        if local_bad is None:
-            return None
-        return self.comm.allreduce_async(self.flags(local_bad), op="sum",
-                                         name=f"{self.prefix}.finite")
-
-    @staticmethod
-    def finish_flags(handle) -> list[int]:
-        """The ranks flagged by ``start_flags``' allreduce ([] when it was not needed)."""
-        return flagged_ranks(handle.wait()) if handle is not None else []
-
     def _agree_flags(self, local_bad: bool | torch.Tensor, clock: PhaseClock) -> list[int]:
         """Ranks whose gradient has a NaN or Inf this step, agreed by one tiny allreduce
-        of their own (before anything else of the step)."""
+        of their own."""
         clock.lap("t_check", sync=True)
         flags = self.comm.allreduce(self.flags(local_bad), op="sum", name=f"{self.prefix}.finite")
         clock.lap("t_wait_check", sync=True)
@@ -498,10 +538,11 @@ class StepEngine:
     def skip(self, step: int, bad_ranks: list[int], clock: PhaseClock, t_compute) -> StepStats:
         self._consecutive_skips += 1
         self.skipped_steps.append({"step": step, "ranks": bad_ranks})
-        if self.nonfinite == "raise" or self._consecutive_skips > self.max_consecutive_skips:
-            why = ("nonfinite='raise'" if self.nonfinite == "raise" else
+        limit = self.options.max_consecutive_skips
+        if self.options.nonfinite == "raise" or self._consecutive_skips > limit:
+            why = ("nonfinite='raise'" if self.options.nonfinite == "raise" else
                    f"{self._consecutive_skips} consecutive steps skipped (max_consecutive_skips="
-                   f"{self.max_consecutive_skips})")
+                   f"{limit})")
             raise FloatingPointError(
                 f"non-finite gradient (NaN or Inf) at step {step} on rank(s) "
                 f"{', '.join(map(str, bad_ranks))}; stopping: {why}. Lower the learning rate, "
@@ -527,5 +568,13 @@ class StepEngine:
         self.compressor.load_state_dict(follow_devices(state.get("compressor", {}), like))
 
 
-def _effective_cf(numel: int, kept: int) -> float:
-    return float(numel) / kept if kept else 1.0
+def densify_grad(layer: Layer) -> None:
+    """A layer's gradient as a dense tensor, zeros where it has none: every rank must
+    send every layer (another rank may have a gradient for it); sparse embedding
+    gradients are compressed or averaged like any other layer (the optimizer then sees a
+    dense gradient, as with sparse_as_dense)."""
+    grad = layer.param.grad
+    if grad is None:
+        layer.param.grad = torch.zeros_like(layer.param)
+    elif grad.is_sparse:
+        layer.param.grad = grad.to_dense()

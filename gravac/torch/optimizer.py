@@ -11,19 +11,14 @@ from ..engine.optimizer import wrap_optimizer
 
 
 def DistributedOptimizer(optimizer, named_parameters, compressor="topk", controller=None,
-                         min_compress_numel: int = 1024, compressor_options: dict | None = None,
-                         batch_size: int | None = None, group=None,
-                         name_prefix: str = "gravac", nonfinite: str = "skip",
-                         max_consecutive_skips: int = 10, defer_agreement: bool = False,
-                         dense_wire: str = "native", overlap: bool = False,
-                         bucket_cap_mb: float = 25.0, backward_passes_per_step: int = 1,
-                         exchange: str = "allgather"):
+                         compressor_options: dict | None = None, group=None, **options):
     """Wrap a torch optimizer so that ``step()`` averages gradients across the ranks of a
     torch.distributed process group with compressed communication and error feedback.
 
     Arguments as ``gravac.DistributedOptimizer`` (see its docstring), with ``group`` (a
     torch.distributed process group; default: the world) in place of Horovod's
-    ``process_set``. Initialise the process group first.
+    ``process_set``; ``options`` are the fields of ``gravac.engine.GravacOptions``.
+    Initialise the process group first.
 
     Example (``torchrun --nproc-per-node 2 train_me.py``)::
 
@@ -42,11 +37,4 @@ def DistributedOptimizer(optimizer, named_parameters, compressor="topk", control
     """
     return wrap_optimizer(optimizer, named_parameters, TorchDistComm(group),
                           compressor=compressor, controller=controller,
-                          min_compress_numel=min_compress_numel,
-                          compressor_options=compressor_options, batch_size=batch_size,
-                          name_prefix=name_prefix, nonfinite=nonfinite,
-                          max_consecutive_skips=max_consecutive_skips,
-                          defer_agreement=defer_agreement, dense_wire=dense_wire,
-                          overlap=overlap, bucket_cap_mb=bucket_cap_mb,
-                          backward_passes_per_step=backward_passes_per_step,
-                          exchange=exchange)
+                          compressor_options=compressor_options, **options)

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from gravac.compressors import num_kept
 from gravac.controllers import GraVAC, Static
-from gravac.engine.hierarchical import shard_layers
+from gravac.engine.exchanges import shard_layers
 from gravac.engine.layers import Layer
 from gravac.engine.optimizer import wrap_optimizer
 

@@ -25,7 +25,6 @@ import torch
 
 from gravac.comm.local import LocalComm
 from gravac.controllers import Accordion, GraVAC, Static
-from gravac.engine import overlap as overlap_module
 from gravac.engine import step as step_module
 from gravac.engine.codec import SparseCodec, SparseLayer
 from gravac.engine.optimizer import _to_cpu, wrap_optimizer
@@ -553,7 +552,6 @@ def test_device_flags_agree_like_bool_flags_over_ranks(variant, where, rank, mon
     rank, the same parameters and residuals as with the bool flag."""
     expected = _thread_run(variant, (where, rank))
     monkeypatch.setattr(step_module, "nonfinite_flag", _device_flag)
-    monkeypatch.setattr(overlap_module, "nonfinite_flag", _device_flag)
     got = _thread_run(variant, (where, rank))
     for r in range(N):
         assert [s[0] for s in got[r]][1] == "skipped" and got[r][1][1] == [rank]

@@ -354,7 +354,7 @@ def test_decided_plan_agrees_its_gains_after_the_exchange_started():
 def test_nonfinite_check_is_exact_where_a_sum_overflows():
     """The NaN/Inf check sums in float32 and looks entry by entry only when a sum is not
     finite: finite values whose sum overflows are not a skip; a NaN or Inf is."""
-    from gravac.engine.step import has_nonfinite
+    from gravac.engine.selection import has_nonfinite
 
     big = torch.full((1000,), 3e38)
     assert not torch.isfinite(big.sum())

@@ -1,4 +1,4 @@
-"""Overlap with backward (gravac/engine/overlap.py) on one process: buckets, hooks, the
+"""Overlap with backward (gravac/engine/step.py, buckets.py) on one process: buckets, hooks, the
 same parameters as the plain step, accumulation, NaN skips and refusals. The two-rank
 checks (bit-identical parameters across ranks, decisions, NaN on one rank) are in
 tests/parallel/test_overlap.py."""
@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from gravac.comm.local import LocalComm
 from gravac.controllers import Accordion, GraVAC, Static
 from gravac.engine import wrap_optimizer
-from gravac.engine.overlap import build_buckets
+from gravac.engine.buckets import build_buckets
 
 
 class _Net(torch.nn.Module):
@@ -297,13 +297,13 @@ def test_skip_synchronize_after_synchronize_clips_and_steps():
 
 
 def test_bad_options_are_refused_with_the_field_named():
-    with pytest.raises(ValueError, match="bucket_cap_mb must be a number > 0"):
+    with pytest.raises(ValueError, match="bucket_cap_mb=0: must be a number > 0"):
         _make(CONTROLLERS["static"], overlap=True, bucket_cap_mb=0)
-    with pytest.raises(ValueError, match="backward_passes_per_step must be an int >= 1"):
+    with pytest.raises(ValueError, match="backward_passes_per_step=0: must be an int >= 1"):
         _make(CONTROLLERS["static"], overlap=True, backward_passes_per_step=0)
-    with pytest.raises(ValueError, match="take effect with overlap=True only"):
+    with pytest.raises(ValueError, match="takes effect with overlap=true only"):
         _make(CONTROLLERS["static"], overlap=False, backward_passes_per_step=2)
-    with pytest.raises(ValueError, match="overlap must be True or False"):
+    with pytest.raises(ValueError, match="overlap='yes': must be true or false"):
         _make(CONTROLLERS["static"], overlap="yes")
     torch.manual_seed(0)
     model = _Net()
@@ -378,9 +378,9 @@ def test_an_elastic_reset_mid_step_forgets_the_half_done_step():
     model, opt = _make(CONTROLLERS["static"], overlap=True, bucket_cap_mb=0.01)
     x, y = _batch(0)
     F.cross_entropy(model(x), y).backward()
-    assert opt._engine.overlap.active
+    assert opt._engine.active
     opt.reset_world(LocalComm())
-    assert not opt._engine.overlap.active
+    assert not opt._engine.active
     _train(model, opt, 2)                       # counts restart: no "computed twice"
     assert opt.last_stats.sent == "min"
 
@@ -397,7 +397,7 @@ def test_wrapping_a_model_twice_needs_the_first_hooks_removed():
                            overlap=True)
     x, y = _batch(0)
     F.cross_entropy(model(x), y).backward()
-    assert comm.started and opt._engine.overlap is None     # only the new one's hooks ran
+    assert comm.started and opt._engine.hooks is None     # only the new one's hooks ran
     again.step()
     again.remove_hooks()
     _train(model, opt, 1)                                   # the old one, now plain
