@@ -31,15 +31,13 @@ import yaml
 from ..comm.horovod_cycle import PROBLEM as CYCLE_PROBLEM
 from ..comm.horovod_cycle import check_setting as check_cycle_setting
 from ..controllers import Accordion, GraVAC, Static
-from ..engine.exchange import ALLGATHER_EXCHANGES
-from ..engine.step import EXCHANGES
+from ..engine.options import GravacOptions
 
 CONTROLLERS = ("dense", "static", "gravac", "accordion")
 DATASETS = ("digits", "cifar10", "cifar100", "ptb", "synthetic_images", "synthetic_text")
 OPTIMIZERS = ("sgd",)
 # auto: a tqdm bar on a terminal, else plain lines; always: the bar; plain: the lines
 PROGRESS = ("auto", "always", "plain", "never")
-HOROVOD_COMPRESSION = ("none", "fp16")
 #: ``run.device`` (gravac/train/device.py).
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -167,36 +165,32 @@ GraVACConfig = options_of(GraVAC, "GraVACConfig")
 AccordionConfig = options_of(Accordion, "AccordionConfig")
 
 
+#: The engine's options a config sets (``GravacOptions.config_fields``): their types,
+#: defaults and rules are the engine's, written once in gravac/engine/options.py.
+EngineOptionsConfig = dataclasses.make_dataclass("EngineOptionsConfig", [
+    (f.name, typing.get_type_hints(GravacOptions)[f.name],
+     field(default=f.default, metadata=f.metadata)) for f in GravacOptions.config_fields()])
+
+
 @dataclass
-class CompressionConfig:
+class CompressionConfig(EngineOptionsConfig):
     controller: str = "static"
     compressor: str = "topk"
     compressor_options: dict = field(default_factory=dict)
-    min_compress_numel: int = 1024
     cf: float = inspect.signature(Static).parameters["cf"].default
     # PowerSGD only: every compressed layer at this rank instead of compression.cf (Static).
     rank: int | None = inspect.signature(Static).parameters["rank"].default
-    horovod_compression: str = "none"
     # Dense on torch.distributed is PyTorch DDP: with ddp_powersgd_rank, DDP's own PowerSGD
     # hook at that rank (what a torchrun user would pick instead of gravac), plain
     # allreduce for the first ddp_start_powersgd_iter steps (PyTorch's default: 1000).
     ddp_powersgd_rank: int | None = None
     ddp_start_powersgd_iter: int = 1000
-    # A NaN/Inf gradient on any rank: "skip" the step on every rank, or "raise" (stop).
-    nonfinite: str = "skip"
-    max_consecutive_skips: int = 10
-    # Start each bucket's compression and exchange from gradient hooks during backward
-    # (gravac/engine/overlap.py); the same parameters as without it, bit for bit, except
-    # that GraVAC's compressed layers overlap only with gravac.decide=previous.
-    overlap: bool = False
-    bucket_cap_mb: float = 25.0
-    # How sparse selections travel (docs/ALGORITHM.md §13, §14): allgather (the paper's),
-    # allgather_coded (the same, each layer's indices coded in ~1.1-2 bytes instead of 4),
-    # hierarchical (dense inside a host, sparse across hosts) or shared_index (all
-    # ranks send values at each layer's rotating leader's indices, by allreduce).
-    exchange: str = "allgather"
     gravac: GraVACConfig = field(default_factory=GraVACConfig)
     accordion: AccordionConfig = field(default_factory=AccordionConfig)
+
+
+#: Keys that were renamed: the unknown-key error names the new one.
+RENAMED = {"compression.horovod_compression": "compression.dense_wire (native or fp16)"}
 
 
 @dataclass
@@ -306,12 +300,19 @@ def _type_name(tp) -> str:
         return " or ".join(_type_name(a) for a in typing.get_args(tp))
     if origin is list:
         return f"a list of {_type_name(typing.get_args(tp)[0])}"
+    if origin is typing.Literal:
+        return "one of " + ", ".join(map(str, typing.get_args(tp)))
     return {int: "an int", float: "a number", str: "a string", bool: "true/false",
             dict: "a mapping"}.get(tp, getattr(tp, "__name__", str(tp)))
 
 
 def _coerce(tp, value, key: str):
     origin = typing.get_origin(tp)
+    if origin is typing.Literal:
+        choices = typing.get_args(tp)
+        if value in choices and not isinstance(value, bool):
+            return value
+        raise ConfigError(f"{key}={value!r}: must be one of {', '.join(map(str, choices))}")
     if origin in (typing.Union, types.UnionType):
         args = typing.get_args(tp)
         if value is None and type(None) in args:
@@ -371,6 +372,9 @@ def from_dict(cls, data: dict, prefix: str = ""):
     for key in data:
         if key not in names:
             where = f"{prefix}." if prefix else ""
+            if f"{where}{key}" in RENAMED:
+                raise ConfigError(f"unknown key '{where}{key}': it is now "
+                                  f"{RENAMED[where + key]}")
             raise ConfigError(f"unknown key '{where}{key}'; known keys{' of ' + prefix if prefix else ''}: "
                               f"{', '.join(names)}")
     kwargs = {}
@@ -470,53 +474,34 @@ def validate(cfg: Config) -> None:
 
     _require(c.controller in CONTROLLERS, "compression.controller", c.controller,
              f"must be one of {', '.join(CONTROLLERS)}")
-    _require(c.horovod_compression in HOROVOD_COMPRESSION, "compression.horovod_compression",
-             c.horovod_compression, f"must be one of {', '.join(HOROVOD_COMPRESSION)}")
-    _require(c.horovod_compression == "none" or c.controller == "dense",
-             "compression.horovod_compression", c.horovod_compression,
-             "applies to compression.controller=dense only (plain Horovod allreduce)")
     _require(c.ddp_powersgd_rank is None or c.ddp_powersgd_rank >= 1,
              "compression.ddp_powersgd_rank", c.ddp_powersgd_rank, "must be >= 1 or null")
     _require(c.ddp_powersgd_rank is None or c.controller == "dense",
              "compression.ddp_powersgd_rank", c.ddp_powersgd_rank,
              "is PyTorch DDP's PowerSGD hook: it needs compression.controller=dense (for "
              "gravac's own PowerSGD use compressor: powersgd)")
-    _require(c.ddp_powersgd_rank is None or c.horovod_compression == "none",
+    _require(c.ddp_powersgd_rank is None or c.dense_wire == "native",
              "compression.ddp_powersgd_rank", c.ddp_powersgd_rank,
-             "and horovod_compression=fp16 are two DDP hooks; DDP takes one")
+             "and dense_wire=fp16 are two DDP hooks; DDP takes one")
     _require(c.ddp_start_powersgd_iter >= 2, "compression.ddp_start_powersgd_iter",
              c.ddp_start_powersgd_iter, "must be >= 2 (PyTorch's hook starts after DDP's "
              "first two iterations)")
-    _require(c.min_compress_numel >= 1, "compression.min_compress_numel", c.min_compress_numel,
-             "must be >= 1")
-    _require(isinstance(c.overlap, bool), "compression.overlap", c.overlap, "must be true or false")
+    try:
+        options = engine_options(cfg)
+        options.check() if c.controller == "dense" else options.check_with(
+            _compressor_kind(c.compressor))
+    except ValueError as exc:
+        raise ConfigError(f"compression.{exc}") from None
     _require(not c.overlap or c.controller != "dense", "compression.overlap", c.overlap,
              "applies to gravac's optimizer; controller=dense is plain Horovod or DDP, which "
              "overlap already (for gravac's dense path use controller: static with cf: 1)")
-    _require(not c.overlap or c.compressor != "powersgd", "compression.overlap", c.overlap,
-             "takes a sparsifier: PowerSGD's rounds (P, then Q) run in step(); set it false")
-    _require(not isinstance(c.bucket_cap_mb, bool) and isinstance(c.bucket_cap_mb, (int, float))
-             and c.bucket_cap_mb > 0, "compression.bucket_cap_mb", c.bucket_cap_mb,
-             "must be a number > 0 (MiB of gradient per overlapped bucket)")
-    _require(c.exchange in EXCHANGES, "compression.exchange", c.exchange,
-             f"must be one of {', '.join(EXCHANGES)}")
-    _require(c.exchange == "allgather" or (c.controller != "dense" and
-                                           c.compressor not in ("powersgd", "none")),
-             "compression.exchange", c.exchange, "moves sparse selections: it needs a "
-             "sparsifier (topk, dgc, redsync, randomk) and a controller other than dense; "
-             "dense and PowerSGD travel by allreduce already (use exchange: allgather)")
-    _require(c.exchange in ALLGATHER_EXCHANGES or not c.overlap, "compression.exchange",
-             c.exchange,
-             "cannot be combined with compression.overlap=true (its step needs every "
-             "gradient before the first collective); set overlap: false or exchange: allgather")
+    _require(c.exchange == "allgather" or c.controller != "dense", "compression.exchange",
+             c.exchange, "moves sparse selections: it needs a controller other than dense "
+             "(dense travels by allreduce already: use exchange: allgather)")
     _require(c.exchange != "hierarchical" or not r.elastic, "compression.exchange", c.exchange,
              "cannot be combined with run.elastic=true: its host groups are Horovod process "
              "sets, which elastic resets do not rebuild; use exchange: allgather or "
              "shared_index with elastic runs")
-    _require(c.nonfinite in ("skip", "raise"), "compression.nonfinite", c.nonfinite,
-             "must be skip (skip the step on every rank) or raise (stop the run)")
-    _require(c.max_consecutive_skips >= 0, "compression.max_consecutive_skips",
-             c.max_consecutive_skips, "must be >= 0")
     _require(c.controller == "dense" or c.compressor != "none", "compression.compressor",
              c.compressor, f"compression.controller={c.controller} needs a sparsifier "
              "(topk, dgc, redsync or randomk) or powersgd; for no compression use "
@@ -544,6 +529,26 @@ def validate(cfg: Config) -> None:
             build_controller(c)
         except ValueError as exc:
             raise ConfigError(_config_key_error(c.controller, str(exc))) from None
+
+
+def engine_options(cfg: Config, **front_end) -> GravacOptions:
+    """The engine's options of ``cfg.compression`` (``GravacOptions``), with the front
+    end's own (``batch_size``, ...) given here.
+
+    Example::
+
+        opt = wrap_optimizer(sgd, named, comm, **dataclasses.asdict(engine_options(cfg)))
+    """
+    c = cfg.compression
+    return GravacOptions(**{f.name: getattr(c, f.name) for f in GravacOptions.config_fields()},
+                         **front_end)
+
+
+def _compressor_kind(name: str):
+    """The compressor class named ``name`` (its kind: dense, low rank or a sparsifier),
+    for the option rules; an unknown name is the compressor check's to report."""
+    from .. import compressors
+    return compressors.REGISTRY.get(name, compressors.REGISTRY["topk"])
 
 
 def _check_output_path(r: RunConfig) -> None:

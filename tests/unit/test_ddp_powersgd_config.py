@@ -1,11 +1,10 @@
 """compression.ddp_powersgd_rank: PyTorch DDP's PowerSGD hook as a torchrun baseline,
 refused in one line wherever it cannot apply."""
 import pytest
-import torch
 
 from gravac.comm.local import LocalComm
 from gravac.train.config import ConfigError, load_config
-from gravac.train.loop import build_optimizer
+from gravac.train.method import build_method
 
 DEMO = "configs/demo.yaml"
 
@@ -24,7 +23,7 @@ def test_the_config_files_load(tmp_path):
 @pytest.mark.parametrize("sets, message", [
     (["compression.ddp_powersgd_rank=0"], "must be >= 1 or null"),
     (["compression.controller=static"], "needs compression.controller=dense"),
-    (["compression.horovod_compression=fp16"], "two DDP hooks"),
+    (["compression.dense_wire=fp16"], "two DDP hooks"),
     (["compression.ddp_start_powersgd_iter=1"], "must be >= 2"),
 ])
 def test_bad_settings_are_one_line(tmp_path, sets, message):
@@ -38,7 +37,6 @@ class _HorovodLike(LocalComm):
 
 def test_refused_under_horovod(tmp_path):
     cfg = _load(tmp_path)
-    model = torch.nn.Linear(4, 2)
     with pytest.raises(ValueError, match=r"ddp_powersgd_rank=4: PyTorch DDP's PowerSGD hook "
                                          r"runs on torch.distributed"):
-        build_optimizer(cfg, model, _HorovodLike())
+        build_method(cfg, _HorovodLike())
