@@ -33,6 +33,7 @@ import horovod.torch as hvd
 from horovod.common.elastic import State
 
 from ..comm.horovod import HorovodComm
+from ..engine.run_record import ELASTIC_RESET, new_record
 from .monitor import truncate_metrics
 
 
@@ -91,10 +92,10 @@ def train_elastic(trainer, resume: bool) -> dict:
         else:
             if t.rank == 0:
                 truncate_metrics(t.run_dir, t.step)   # steps rolled back are logged again
-            t.open_log({"kind": "elastic_reset", "step": t.step, "time": t.elapsed(),
-                        "world_size": t.world, "previous_world_size": previous,
-                        "epoch": t.epoch, "batch_in_epoch": t.batch_in_epoch,
-                        "total_steps": t.total_steps})
+            t.open_log(new_record(ELASTIC_RESET, step=t.step, time=t.elapsed(),
+                                  world_size=t.world, previous_world_size=previous,
+                                  epoch=t.epoch, batch_in_epoch=t.batch_in_epoch,
+                                  total_steps=t.total_steps))
             t.log.message(f"elastic reset at step {t.step}: {t.world} rank(s)"
                           + (f" (were {previous})" if previous else ""))
 

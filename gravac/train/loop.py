@@ -26,76 +26,21 @@ import torch
 
 from ..comm import Comm
 from ..comm import init as init_comm
-from ..engine import STATE_KEY, StepStats, broadcast_optimizer_state, wrap_optimizer
-from ..engine.phases import PHASES
-from ..engine.record import LOGGED_STATS
+from ..engine import STATE_KEY, broadcast_optimizer_state
+from ..engine.record import step_record
+from ..engine.run_record import (EVAL, METRICS_FILE, NONFINITE, RANK_STEP_FIELDS, RUN_END,
+                                 RUN_START, WINDOW, new_record)
 from ..util.malloc import keep_freed_memory
 from ..util.atomic import atomic_write_text
 from .checkpoint import has_checkpoint, load_checkpoint, rng_state, save_checkpoint, set_rng_state
-from .config import Config, ConfigError, build_controller, dump_yaml, to_dict
+from .config import Config, ConfigError, dump_yaml, to_dict
 from .device import describe_device, rank_device, wants_gpu
-from .monitor import METRICS, RankPhaseLog, RunLogger, truncate_metrics
+from .method import build_method, prepare_environment
+from .monitor import RankPhaseLog, RunLogger, truncate_metrics
 from .resume import check_resume_config
 from .signals import Interrupted, StopSignal
 from .tasks import build_task
 from .watchdog import StallWatchdog
-
-
-def build_optimizer(cfg: Config, model: torch.nn.Module, comm: Comm,
-                    defer_agreement: bool = False):
-    """The wrapped optimizer. ``dense`` is what a user would run without gravac: on
-    Horovod plain ``hvd.DistributedOptimizer`` (``Compression.fp16`` with
-    ``horovod_compression=fp16``); on torch.distributed a plain optimizer, the model
-    being in DDP (``uses_ddp``); in one process gravac's with no compression."""
-    base = build_sgd(cfg.optimizer, model)
-    c = cfg.compression
-    # Under horovodrun the hook would silently not exist: refused. (One process, the local
-    # transport, communicates nothing, so there is nothing to refuse; --dry-run uses it.)
-    if c.ddp_powersgd_rank is not None and comm.backend == "horovod":
-        raise ValueError(f"compression.ddp_powersgd_rank={c.ddp_powersgd_rank}: PyTorch DDP's "
-                         f"PowerSGD hook runs on torch.distributed (torchrun, run.backend=torch), "
-                         f"not {comm.backend}; with horovodrun use compressor: powersgd "
-                         "(configs/compression/static_powersgd_rank4.yaml)")
-    if c.controller == "dense" and comm.backend == "horovod":
-        import horovod.torch as hvd
-
-        compression = hvd.Compression.fp16 if c.horovod_compression == "fp16" else hvd.Compression.none
-        return hvd.DistributedOptimizer(base, named_parameters=model.named_parameters(),
-                                        compression=compression,
-                                        process_set=comm.process_set)
-    if uses_ddp(cfg, comm):
-        return base
-    dense = c.controller == "dense"
-    return wrap_optimizer(base, model.named_parameters(), comm,
-                          compressor="none" if dense else c.compressor,
-                          compressor_options=None if dense else c.compressor_options,
-                          controller=None if dense else build_controller(c),
-                          min_compress_numel=c.min_compress_numel,
-                          batch_size=cfg.data.batch_size, nonfinite=c.nonfinite,
-                          max_consecutive_skips=c.max_consecutive_skips,
-                          defer_agreement=defer_agreement,
-                          dense_wire="fp16" if dense and c.horovod_compression == "fp16"
-                          else "native",
-                          exchange="allgather" if dense else c.exchange,
-                          **({"overlap": True, "bucket_cap_mb": float(c.bucket_cap_mb)}
-                             if c.overlap else {}))
-
-
-def build_sgd(o, model: torch.nn.Module) -> torch.optim.SGD:
-    """SGD as ``optimizer`` configures it. ``implementation: auto`` takes torch's fused
-    kernel when it supports the parameters (on CPU ~4x faster than the default per-tensor
-    loop over the LSTM's 5.4M parameters; the same update up to rounding in the last bit),
-    else torch's own default."""
-    kwargs = dict(lr=o.lr, momentum=o.momentum, weight_decay=o.weight_decay, nesterov=o.nesterov)
-    impl = o.implementation
-    if impl == "auto":
-        try:
-            return torch.optim.SGD(model.parameters(), fused=True, **kwargs)
-        except (RuntimeError, ValueError, TypeError):
-            return torch.optim.SGD(model.parameters(), **kwargs)
-    flags = {"fused": {"fused": True}, "foreach": {"foreach": True},
-             "loop": {"foreach": False}}[impl]
-    return torch.optim.SGD(model.parameters(), **flags, **kwargs)
 
 
 _IMPLEMENTATION_KEYS = ("fused", "foreach")
@@ -112,16 +57,11 @@ def _keep_implementation(opt, flags: dict) -> None:
         group.update(flags)
 
 
-def uses_ddp(cfg: Config, comm: Comm) -> bool:
-    """Dense on torch.distributed is PyTorch DDP (its fp16 hook for ``fp16``)."""
-    return cfg.compression.controller == "dense" and comm.backend == "torch"
-
-
 def _prepare_run_dir(cfg: Config, run_dir: Path, resume: bool, comm: Comm) -> None:
     """Rank 0 checks the output directory; every rank gets its verdict."""
     problem = None
     if comm.rank == 0:
-        occupied = (run_dir / METRICS).exists() or (run_dir / "checkpoints").exists()
+        occupied = (run_dir / METRICS_FILE).exists() or (run_dir / "checkpoints").exists()
         if resume:
             if not has_checkpoint(run_dir):
                 problem = (f"--resume: no checkpoint in {run_dir / 'checkpoints'}; start without "
@@ -157,17 +97,6 @@ def _resume_config_problem(cfg: Config, run_dir: Path) -> str | None:
     return problem
 
 
-#: What ``run.rank_phases`` keeps of every rank's step line (its timings, what it sent).
-RANK_PHASE_KEYS = ("step", "time", "sent", "cf", "bytes_sent", "t_iter", "t_compute",
-                   "t_compress", "t_comm", "t_update", *PHASES)
-
-
-def _step_stats(opt, step: int, dense_numel: int) -> StepStats:
-    """The engine's record of the step, or a dense one for plain Horovod."""
-    stats = getattr(opt, "last_stats", None)
-    return stats if isinstance(stats, StepStats) else StepStats.dense(step, dense_numel)
-
-
 class Trainer:
     """One rank's run: task, model, wrapped optimizer, schedule, position and logging.
 
@@ -196,25 +125,19 @@ class Trainer:
         self.device = rank_device(cfg.run.device, comm)
         self.task = build_task(cfg, self.rank, self.world).to(self.device)
         self.model = self.task.model
-        self.opt = build_optimizer(cfg, self.model, comm, defer_agreement=elastic)
+        self.method = build_method(cfg, comm)
+        self.opt = self.method.build_optimizer(self.model, defer_agreement=elastic)
         self._implementation = _implementation_of(self.opt)
-        if uses_ddp(cfg, comm):
-            from ..torch.ddp import wrap_ddp
-
-            # The task's forward (and so backward) goes through DDP, which averages the
-            # gradients; checkpoints and evaluation keep using the bare model.
-            self.task.model = wrap_ddp(self.model, comm,
-                                       fp16=cfg.compression.horovod_compression == "fp16",
-                                       powersgd_rank=cfg.compression.ddp_powersgd_rank,
-                                       start_powersgd_iter=cfg.compression.ddp_start_powersgd_iter,
-                                       seed=cfg.run.seed)
+        # The task's forward (and so backward) goes through DDP where the method is DDP,
+        # which averages the gradients; checkpoints and evaluation keep the bare model.
+        self.task.model = self.method.wrap_model(self.model)
         o = cfg.optimizer
         self.scheduler = torch.optim.lr_scheduler.MultiStepLR(self.opt, milestones=o.lr_milestones,
                                                               gamma=o.lr_gamma)
         self.total_steps = cfg.run.steps or cfg.run.epochs * self.task.steps_per_epoch
         self.run_dir = Path(cfg.run.output_dir) / cfg.run.name
         # None for the plain dense baselines (Horovod's optimizer, DDP); gravac's has one.
-        self.controller = getattr(self.opt, "controller", None)
+        self.controller = self.method.controller(self.opt)
         self.dense_numel = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
         self.step = self.epoch = self.batch_in_epoch = 0
         self.elapsed0 = 0.0
@@ -235,27 +158,7 @@ class Trainer:
         lines = [f"model {cfg.model.name}: {params:,} parameters; data {cfg.data.name}: "
                  f"{self.task.steps_per_epoch} steps per epoch at batch {cfg.data.batch_size} "
                  f"per rank x {self.world} ranks; {self.total_steps} steps"]
-        if cfg.compression.controller == "dense" and hasattr(opt, "compressed_layer_names"):
-            lines.append(f"dense: gravac's uncompressed allreduce over {self.comm.backend} "
-                         f"(fp16: {cfg.compression.horovod_compression == 'fp16'})")
-        elif hasattr(opt, "compressed_layer_names"):
-            names = opt.compressed_layer_names
-            lines.append(f"compressor {cfg.compression.compressor}, controller "
-                         f"{opt.controller!r}; {len(names)} of {len(opt.layer_names)} layers "
-                         "compressed" + ("" if opt.buckets is None else
-                                         f"; overlapped with backward in "
-                                         f"{len(opt.buckets)} bucket(s)")
-                         + ("" if cfg.compression.exchange == "allgather" else
-                            f"; exchange {cfg.compression.exchange}"))
-        elif uses_ddp(cfg, self.comm):
-            c = cfg.compression
-            hook = ("fp16" if c.horovod_compression == "fp16" else
-                    f"PowerSGD rank {c.ddp_powersgd_rank} from step {c.ddp_start_powersgd_iter}"
-                    if c.ddp_powersgd_rank is not None else "none")
-            lines.append(f"dense PyTorch DDP (hook: {hook})")
-        else:
-            lines.append(f"dense Horovod allreduce (compression "
-                         f"{cfg.compression.horovod_compression})")
+        lines.append(self.method.describe(opt))
         line = (f"transport {self.comm.backend}: {self.world} rank(s); device "
                 f"{describe_device(self.device)}")
         if self.comm.backend == "horovod":
@@ -321,18 +224,14 @@ class Trainer:
                              progress=self.cfg.run.progress, initial_step=self.step)
         self.rank_log = RankPhaseLog(self.run_dir, self.rank, enabled=self.cfg.run.rank_phases)
         self._decisions_logged = len(self.controller.decisions) if self.controller else 0
-        c = self.cfg.compression
-        self.log.record(record or {
-            "kind": "run_start", "name": self.cfg.run.name, "time": self.elapsed(),
-            "step": self.step, "world_size": self.world, "controller": c.controller,
-            "compressor": c.compressor if c.controller != "dense" else (
-                f"ddp_powersgd_rank{c.ddp_powersgd_rank}" if c.ddp_powersgd_rank is not None
-                else c.horovod_compression),
-            "model": self.cfg.model.name, "dataset": self.cfg.data.name,
-            "batch_size": self.cfg.data.batch_size, "metric": self.task.metric,
-            "total_steps": self.total_steps, "resumed": self.resumed,
-            "elastic": bool(self.cfg.run.elastic), "backend": self.comm.backend,
-            "device": describe_device(self.device)})
+        self.log.record(record or new_record(
+            RUN_START, name=self.cfg.run.name, time=self.elapsed(), step=self.step,
+            world_size=self.world, **self.method.start_fields(),
+            model=self.cfg.model.name, dataset=self.cfg.data.name,
+            batch_size=self.cfg.data.batch_size, metric=self.task.metric,
+            total_steps=self.total_steps, resumed=self.resumed,
+            elastic=bool(self.cfg.run.elastic), backend=self.comm.backend,
+            device=describe_device(self.device)))
         self.log.message(self.describe())
 
     def close_log(self) -> None:
@@ -401,8 +300,7 @@ class Trainer:
                 self.total_steps = (self.step + (spe - self.batch_in_epoch)
                                     + (self.cfg.run.epochs - self.epoch - 1) * spe)
         self.comm, self.rank, self.world = comm, rank, world
-        if hasattr(self.opt, "reset_world"):
-            self.opt.reset_world(comm)
+        self.method.reset_world(self.opt, comm)
         return previous
 
     # -- work -----------------------------------------------------------------------------
@@ -421,7 +319,7 @@ class Trainer:
 
     def evaluate(self) -> dict:
         result = self.task.evaluate(self.cfg.run.eval_batches, self.comm)
-        self.log.record({"kind": "eval", "step": self.step, "time": self.elapsed(), **result})
+        self.log.record(new_record(EVAL, step=self.step, time=self.elapsed(), **result))
         shown = ", ".join(f"{k} {v:.4g}" for k, v in result.items())
         self.log.message(f"step {self.step}: {shown}")
         return result
@@ -429,7 +327,7 @@ class Trainer:
     def run(self, after_step=None) -> None:
         """Train from the current position to ``total_steps``. ``after_step()`` runs after
         every step on every rank (elastic commits)."""
-        cfg, opt, o = self.cfg, self.opt, self.cfg.optimizer
+        cfg, opt, method = self.cfg, self.opt, self.method
         self.model.train()
         watchdog = StallWatchdog(cfg.run.stall_timeout, self.rank).start()
         samples_per_step = cfg.data.batch_size * self.world
@@ -447,16 +345,7 @@ class Trainer:
                 opt.zero_grad()
                 loss = self.task.loss(batch)
                 loss.backward()
-                if o.grad_clip is not None and hasattr(opt, "synchronize"):
-                    opt.synchronize()              # clip the averaged gradient, as Horovod advises
-                    torch.nn.utils.clip_grad_norm_(self.model.parameters(), o.grad_clip)
-                    with opt.skip_synchronize():
-                        opt.step()
-                elif o.grad_clip is not None:      # DDP averaged during backward
-                    torch.nn.utils.clip_grad_norm_(self.model.parameters(), o.grad_clip)
-                    opt.step()
-                else:
-                    opt.step()
+                method.step(opt, self.model.parameters(), cfg.optimizer.grad_clip)
                 lr = opt.param_groups[0]["lr"]
                 self.scheduler.step()
                 self.step += 1
@@ -488,24 +377,24 @@ class Trainer:
             watchdog.stop()
 
     def _log_step(self, loss, lr: float, t_iter: float, samples_per_step: int) -> None:
-        stats = _step_stats(self.opt, self.step - 1, self.dense_numel)
+        stats = self.method.step_stats(self.opt, self.step - 1, self.dense_numel)
         step, elapsed = self.step, self.elapsed()
         if stats.skipped:
-            self.log.record({"kind": "nonfinite", "step": step, "time": elapsed,
-                             "ranks": stats.nonfinite_ranks})
+            self.log.record(new_record(NONFINITE, step=step, time=elapsed,
+                                       ranks=stats.nonfinite_ranks))
             self.log.message(f"step {step}: non-finite gradient on rank(s) "
                              f"{stats.nonfinite_ranks}; step skipped on every rank")
         self.cum_floats += stats.floats_sent
         self.cum_dense += stats.dense_floats
         if step % self.cfg.run.log_interval == 0 or step == 1 or step == self.total_steps:
-            entry = {"kind": "step", "step": step, "epoch": self.epoch, "time": elapsed,
-                     "loss": loss.item(), "lr": lr, "world_size": self.world,
-                     "cum_floats_sent": self.cum_floats, "cum_dense_floats": self.cum_dense,
-                     "t_iter": t_iter,
-                     "samples_per_sec": samples_per_step / t_iter if t_iter > 0 else None,
-                     **{name: getattr(stats, name) for name in LOGGED_STATS}}
+            entry = step_record(stats, step=step, epoch=self.epoch, time=elapsed,
+                                loss=loss.item(), lr=lr, world_size=self.world,
+                                cum_floats_sent=self.cum_floats,
+                                cum_dense_floats=self.cum_dense, t_iter=t_iter,
+                                samples_per_sec=samples_per_step / t_iter if t_iter > 0
+                                else None)
             self.log.record(entry)
-            self.rank_log.record({k: entry[k] for k in RANK_PHASE_KEYS})
+            self.rank_log.record({k: entry[k] for k in RANK_STEP_FIELDS})
             self.log.progress(step, loss=entry["loss"], cf=stats.cf,
                               samples_per_sec=entry["samples_per_sec"])
         controller = self.controller
@@ -515,10 +404,10 @@ class Trainer:
                 if "table" in d:                   # GraVAC window decisions
                     # "step" counts steps done, as step and eval records do (the controller
                     # indexes steps from 0); "window" numbers windows from 1.
-                    self.log.record({"kind": "window", "time": elapsed,
-                                     **{k: v for k, v in d.items() if k != "table"},
-                                     "step": d["step"] + 1, "window": number,
-                                     "table": {str(k): v for k, v in d["table"].items()}})
+                    fields = {**{k: v for k, v in d.items() if k != "table"},
+                              "step": d["step"] + 1, "window": number,
+                              "table": {str(k): v for k, v in d["table"].items()}}
+                    self.log.record(new_record(WINDOW, time=elapsed, **fields))
             self._decisions_logged = len(controller.decisions)
 
     def finish(self) -> dict:
@@ -535,7 +424,7 @@ class Trainer:
             self.checkpoint()
             elapsed = self.elapsed()
         # resuming drops run_end records (truncate_metrics): the run ends here again
-        self.log.record({"kind": "run_end", "step": self.step, "time": elapsed, "final": final})
+        self.log.record(new_record(RUN_END, step=self.step, time=elapsed, final=final))
         self.close_log()
         if self.rank == 0:
             _finish(self.cfg, self.run_dir, self.step, elapsed, final)
@@ -545,10 +434,7 @@ class Trainer:
 
 def train(cfg: Config, resume: bool = False, dry_run: bool = False) -> dict:
     """Run (or with ``dry_run``, only build and describe) the configured training."""
-    if cfg.compression.exchange == "hierarchical":
-        # Its host groups are Horovod process sets made at run time; Horovod reads this
-        # at hvd.init().
-        os.environ.setdefault("HOROVOD_DYNAMIC_PROCESS_SETS", "1")
+    prepare_environment(cfg)
     comm = init_comm(cfg.run.backend, cfg.run.horovod_cycle_time_ms, cfg.run.horovod_wait,
                      elastic=cfg.run.elastic, gpu=wants_gpu(cfg.run.device))
     trainer = Trainer(cfg, comm, elastic=cfg.run.elastic)
@@ -586,7 +472,7 @@ def train(cfg: Config, resume: bool = False, dry_run: bool = False) -> dict:
 def _finish(cfg: Config, run_dir: Path, step: int, elapsed: float, final: dict) -> None:
     shown = ", ".join(f"{k} {v:.4g}" for k, v in final.items())
     print(f"finished {step} steps in {elapsed:.1f}s: {shown}")
-    print(f"metrics:     {run_dir / METRICS}")
+    print(f"metrics:     {run_dir / METRICS_FILE}")
     print(f"tensorboard: tensorboard --logdir {run_dir / 'tensorboard'}")
     if cfg.run.report:
         # Imported here, not at the top: the report needs matplotlib, training does not.
