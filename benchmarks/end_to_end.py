@@ -43,6 +43,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
 # name -> (config file, Accordion's compression file (the paper's per model kind), steps)
 WORKLOADS = {
     "lstm": ("configs/benchmarks/e2e_lstm_zipf.yaml", "accordion_lstm.yaml", 300),
@@ -208,11 +209,14 @@ def run_one(method: str, rate: str, steps: int, out: Path, np_: int, extra: list
 
 
 def load(run_dir: Path) -> dict:
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    steps = [r for r in records if r["kind"] == "step"]
-    windows = [r for r in records if r["kind"] == "window"]
-    evals = [r for r in records if r["kind"] == "eval"]
-    return {"steps": steps, "windows": windows, "eval": evals[-1] if evals else {}}
+    """A run's step and window records and its last evaluation, read and checked by
+    gravac's one reader of run directories (``gravac.report.load_run``)."""
+    # Imported here: the tables and --help need neither torch nor matplotlib.
+    from gravac.report import load_run
+
+    run = load_run(run_dir)
+    return {"steps": run.steps, "windows": run.windows,
+            "eval": run.evals[-1] if run.evals else {}}
 
 
 def smoothed(steps: list[dict], width: int = 10) -> list[float]:
@@ -422,7 +426,6 @@ def main() -> int:
     for (rate, backend), per_round in rounds.items():
         sections.append(rounds_table(rate, backend, per_round))
         print("\n" + sections[-1] + "\n", flush=True)
-    sys.path.insert(0, str(REPO))
     from gravac.util.atomic import atomic_write_text
 
     header = (f"# End-to-end results\n\n{len(methods)} methods, {args.steps} steps, {layout},"

@@ -37,8 +37,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from end_to_end import BACKENDS, METHODS, REPO, WORKLOADS, run_one  # noqa: E402
 
 sys.path.insert(0, str(REPO))
-from gravac.engine.phases import LOCAL_PHASES, WAIT_PHASES  # noqa: E402
-from gravac.train.monitor import read_rank_phases  # noqa: E402
+from gravac.engine.phases import WAIT_PHASES  # noqa: E402
+from gravac.engine.run_record import SENT_SKIPPED, STEP_TIME_FIELDS  # noqa: E402
+from gravac.report import load_rank_steps, load_run  # noqa: E402
+from gravac.report.stats import TIME_COLUMNS  # noqa: E402
 
 _RATE = re.compile(r"^(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit)$")
 _SCALE = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
@@ -59,7 +61,7 @@ def profile(steps: list[dict], warmup: int, rate_bps: float | None, np_: int = 2
     """Median milliseconds of each phase over the steps after ``warmup``; the floor
     (compute + link time) for 2 ranks on a rate-limited link."""
     rows = [s for s in steps if s["step"] >= warmup and s.get("t_iter") is not None
-            and s.get("sent") != "skipped"]
+            and s.get("sent") != SENT_SKIPPED]
     if not rows:
         raise SystemExit(f"step_profile.py: no timed steps after step {warmup}; raise --steps")
 
@@ -67,8 +69,7 @@ def profile(steps: list[dict], warmup: int, rate_bps: float | None, np_: int = 2
         values = [r[name] for r in rows if r.get(name) is not None]
         return 1000 * statistics.median(values) if values else None
 
-    out = {name: median_ms(name) for name in ("t_compute", *LOCAL_PHASES, "t_compress",
-                                              *WAIT_PHASES, "t_comm", "t_update", "t_iter")}
+    out = {name: median_ms(name) for name in STEP_TIME_FIELDS}
     out["bytes_sent"] = statistics.median(r.get("bytes_sent") or 0 for r in rows)
     out["steps"] = len(rows)
     out["cf"] = statistics.median(r["cf"] for r in rows)
@@ -83,9 +84,7 @@ def profile(steps: list[dict], warmup: int, rate_bps: float | None, np_: int = 2
 
 
 def table(results: dict[str, dict], title: str) -> str:
-    columns = [("compute", "t_compute")] + [(p[2:], p) for p in LOCAL_PHASES] + \
-              [("= local", "t_compress")] + [(p[2:], p) for p in WAIT_PHASES] + \
-              [("= waits", "t_comm"), ("update", "t_update"), ("step", "t_iter")]
+    columns = TIME_COLUMNS
     lines = [f"### {title} (ms, medians)", "",
              "| method | CF | " + " | ".join(c for c, _ in columns) +
              " | MB sent | floor | step / floor | rounds |",
@@ -115,7 +114,7 @@ def skew(by_rank: dict[int, list[dict]], warmup: int) -> dict:
     steps: dict[tuple[int, int], dict[int, float]] = {}
     for rank, records in by_rank.items():
         for r in records:
-            if r["step"] >= warmup and r.get("sent") != "skipped" and r.get("t_iter"):
+            if r["step"] >= warmup and r.get("sent") != SENT_SKIPPED and r.get("t_iter"):
                 steps.setdefault((r.get("round", 0), r["step"]), {})[rank] = busy_ms(r)
     gaps, busiest = [], {}
     for per_rank in steps.values():
@@ -189,11 +188,9 @@ def main() -> int:
         for method in args.methods:
             run_dir = run_one(method, args.rate, args.steps, out, args.np, args.extra,
                               args.workload, args.backend, sandbox=rate_bps is not None)
-            records = [json.loads(line)
-                       for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-            steps = [r for r in records if r["kind"] == "step"]
+            steps = load_run(run_dir).steps
             pooled[method] += steps
-            for rank, records in read_rank_phases(run_dir).items():
+            for rank, records in load_rank_steps(run_dir).items():
                 ranks[method].setdefault(rank, []).extend(
                     {**r, "round": round_} for r in records)
             per_round[method].append(profile(steps, args.warmup, rate_bps, args.np)["t_iter"])

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ..util.atomic import atomic_write_text
-from .load import METRICS_FILE, Run, RunLoadError, load_run, load_runs
+from .load import METRICS_FILE, Run, RunLoadError, load_rank_steps, load_run, load_runs
 from .plots import PLOTS, write_plots
 from .stats import (RunSummary, cf_shares, comm_saving, compression_throughput, speedup,
                     summarize)
@@ -91,5 +91,5 @@ def build_report(run_dirs: Sequence[str | os.PathLike], out_dir: str | os.PathLi
 
 __all__ = ["METRICS_FILE", "PLOTS", "REPORT_FILE", "Run", "RunLoadError", "RunSummary",
            "build_report", "cf_shares", "comm_saving", "compression_throughput",
-           "default_out_dir", "load_run", "load_runs", "pick_baseline", "speedup",
+           "default_out_dir", "load_rank_steps", "load_run", "load_runs", "pick_baseline", "speedup",
            "summarize", "with_baseline", "write_plots"]

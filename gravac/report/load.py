@@ -1,14 +1,19 @@
-"""Read a training run directory (the trainer's ``metrics.jsonl``) into a :class:`Run`.
+"""Read a training run directory into a :class:`Run`: the one reader of run directories.
 
-The trainer appends one JSON object per line, each with a ``kind``: ``run_start``,
-``step``, ``eval``, ``window`` (GraVAC decisions) and ``run_end``. Every record is checked
-here, so the plotting and summary code can trust field types (numbers are ``float`` or
-``None``, steps are ``int``).
+The trainer appends one JSON object per line to ``metrics.jsonl``, each with a ``kind``
+(``run_start``, ``step``, ``eval``, ``window``, ...); every kind and field is declared
+once in the run-record schema, gravac/engine/run_record.py. Every record is checked here
+against it, so the plotting and summary code (and the sweep, and the benchmarks) can
+trust field types: numbers are ``float`` or ``None``, integers ``int`` or ``None``, steps
+are ``int``, and every field the schema declares for a kind is present (``None`` when
+the line did not carry it). ``load_rank_steps`` reads the per-rank step timings of
+``run.rank_phases``.
 
 Example::
 
     run = load_run("runs/resnet101-gravac")
     print(run.name, run.controller, run.final_step, run.wall_time)
+    steps, delta = run.series("delta_min")
 """
 from __future__ import annotations
 
@@ -19,23 +24,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from ..engine.phases import PHASES
-
-METRICS_FILE = "metrics.jsonl"
+from ..engine.run_record import (ANY, CF_TABLE, EVAL, FLAG, INT, KINDS, METRICS_FILE, NUMBER,
+                                 RANKS_DIR, RUN_END, RUN_START, SENT, SENT_VALUES, STEP,
+                                 STEP_INDEX, TEXT, WINDOW, RecordKind)
 
 # Metrics that improve downwards; every other metric (top1, top5, ...) improves upwards.
 LOWER_IS_BETTER = frozenset({"perplexity", "loss"})
 # Preference order when run_start names no metric and it must be guessed from eval lines.
 _INFERRED_METRICS = ("top1", "perplexity", "top5", "loss")
-
-_STEP_NUMBERS = ("epoch", "time", "loss", "lr", "cf", "cf_actual", "theta_min", "theta_c", "gain_min",
-                 "gain_c", "floats_sent", "cum_floats_sent", "dense_floats",
-                 "cum_dense_floats", "bytes_sent", "t_compute", "t_compress", "t_comm",
-                 "t_update", "t_iter", "samples_per_sec", *PHASES)
-_EVAL_NUMBERS = ("time", "loss", "top1", "top5", "perplexity")
-_WINDOW_NUMBERS = ("time", "theta_min", "theta_c", "delta_min", "delta_c")
-_END_NUMBERS = ("time",)
-_SENT_VALUES = ("candidate", "min", "dense", "skipped")  # skipped: non-finite gradient
 
 
 class RunLoadError(ValueError):
@@ -168,28 +164,23 @@ def load_run(run_dir: str | os.PathLike) -> Run:
 
     start: dict[str, Any] | None = None
     end: dict[str, Any] | None = None
-    by_kind: dict[str, dict[int, dict[str, Any]]] = {"step": {}, "eval": {}, "window": {}}
+    by_kind: dict[str, dict[int, dict[str, Any]]] = {STEP: {}, EVAL: {}, WINDOW: {}}
     for lineno, record in records:
         kind = record["kind"]
         where = f"{path}:{lineno}"
-        if kind == "run_start":
+        if kind == RUN_START:
             # A resumed run appends a second run_start: the first describes the run.
-            start = start if start is not None else _check_start(record, where)
-        elif kind == "step":
-            rec = _check_numbers(record, _STEP_NUMBERS, where)
-            if rec.get("sent") is not None and rec["sent"] not in _SENT_VALUES:
-                raise RunLoadError(f"{where}: field 'sent' is {rec['sent']!r}; expected one "
-                                   f"of {', '.join(_SENT_VALUES)}")
-            by_kind["step"][rec["step"]] = rec
-        elif kind in ("eval", "window"):
-            rec = _check_eval(record, where) if kind == "eval" else _check_window(record, where)
+            start = start if start is not None else check_record(record, where)
+        elif kind in by_kind:
+            rec = check_record(record, where)
             by_kind[kind][rec["step"]] = rec
-        elif kind == "run_end":
-            end = _check_numbers(record, _END_NUMBERS, where)
-        # Other kinds are skipped: newer trainers may log more than this report reads.
+        elif kind == RUN_END:
+            end = check_record(record, where)
+        # Other kinds (nonfinite, elastic_reset, and what newer trainers may log) are not
+        # part of a Run.
 
     steps, evals, windows = (sorted(by_kind[k].values(), key=lambda r: r["step"])
-                             for k in ("step", "eval", "window"))
+                             for k in (STEP, EVAL, WINDOW))
     if not steps and not evals:
         raise RunLoadError(f"{path}: no 'step' or 'eval' records yet; nothing to report "
                            f"(wait for the run to log its first steps)")
@@ -255,84 +246,77 @@ def _read_jsonl(path: Path) -> Iterable[tuple[int, dict[str, Any]]]:
         yield i + 1, record
 
 
+def check_record(record: dict[str, Any], where: str) -> dict[str, Any]:
+    """A copy of ``record`` (a metrics line of a kind the schema declares) with every
+    declared field checked and converted by its type, absent ones set to None (an empty
+    table); fields the schema does not declare are kept as written, except on kinds with
+    further fields of a declared type (eval: numbers kept as floats, the rest dropped).
+    Raises RunLoadError naming ``where`` and the field."""
+    spec: RecordKind = KINDS[record["kind"]]
+    rec = dict(record)
+    for name, type_ in spec.fields.items():
+        rec[name] = _convert(record.get(name), type_, name, record["kind"], where)
+    if spec.more == NUMBER:
+        # e.g. a task's own metrics: a later lookup only ever sees numbers.
+        for name, value in record.items():
+            if name == "kind" or name in spec.fields:
+                continue
+            if _is_number(value):
+                rec[name] = float(value)
+            else:
+                del rec[name]
+    return rec
+
+
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _check_step_field(record: dict[str, Any], where: str) -> int:
-    step = record.get("step")
-    if _is_number(step) and float(step).is_integer():
-        return int(step)
-    raise RunLoadError(f"{where}: '{record['kind']}' record needs an integer 'step' field, "
-                       f"got {step!r}")
+def _convert(value: Any, type_: str, name: str, kind: str, where: str) -> Any:
+    """``value`` of field ``name`` as its schema type says (None stays None)."""
+    if type_ == STEP_INDEX:
+        if _is_number(value) and float(value).is_integer():
+            return int(value)
+        raise RunLoadError(f"{where}: '{kind}' record needs an integer '{name}' field, "
+                           f"got {value!r}")
+    if type_ == CF_TABLE:
+        return _cf_table(value, name, kind, where)
+    if value is None or type_ == ANY:
+        return value
+    if type_ == NUMBER and _is_number(value):
+        return float(value)
+    if type_ == INT and _is_number(value) and float(value).is_integer():
+        return int(value)
+    if type_ == TEXT and isinstance(value, str):
+        return value
+    if type_ == FLAG and isinstance(value, bool):
+        return value
+    if type_ == SENT and value in SENT_VALUES:
+        return value
+    expected = {NUMBER: "a number or null", INT: "an integer or null",
+                TEXT: "a string or null", FLAG: "true or false",
+                SENT: f"one of {', '.join(SENT_VALUES)}"}[type_]
+    raise RunLoadError(f"{where}: {kind} field '{name}' should be {expected}, got {value!r}")
 
 
-def _check_numbers(record: dict[str, Any], fields: Iterable[str], where: str,
-                   ) -> dict[str, Any]:
-    """Copy of ``record`` with ``step`` an int and each of ``fields`` a float or None."""
-    rec = dict(record)
-    rec["step"] = _check_step_field(record, where)
-    for name in fields:
-        value = rec.get(name)
-        if value is None:
-            rec[name] = None
-        elif _is_number(value):
-            rec[name] = float(value)
-        else:
-            raise RunLoadError(f"{where}: field '{name}' should be a number or null, got "
-                               f"{value!r}")
-    return rec
-
-
-def _check_start(record: dict[str, Any], where: str) -> dict[str, Any]:
-    for name in ("name", "controller", "compressor", "model", "dataset", "metric"):
-        value = record.get(name)
-        if value is not None and not isinstance(value, str):
-            raise RunLoadError(f"{where}: run_start field '{name}' should be a string, got "
-                               f"{value!r}")
-    return dict(record)
-
-
-def _check_eval(record: dict[str, Any], where: str) -> dict[str, Any]:
-    rec = _check_numbers(record, _EVAL_NUMBERS, where)
-    # Eval lines may carry further metrics (e.g. a task's own): keep the numeric ones as
-    # floats and drop anything else, so a later lookup only ever sees numbers.
-    for name, value in record.items():
-        if name in ("kind", "step") or name in _EVAL_NUMBERS:
-            continue
-        if _is_number(value):
-            rec[name] = float(value)
-        else:
-            del rec[name]
-    return rec
-
-
-def _check_window(record: dict[str, Any], where: str) -> dict[str, Any]:
-    rec = _check_numbers(record, _WINDOW_NUMBERS, where)
-    table = rec.get("table")
-    if table is None:
-        rec["table"] = {}
-    elif isinstance(table, dict):
-        parsed: dict[float, float] = {}
-        for key, value in table.items():
-            try:
-                cf = float(key)
-            except ValueError:
-                raise RunLoadError(f"{where}: window 'table' key {key!r} is not a CF "
-                                   f"number") from None
-            if not _is_number(value):
-                raise RunLoadError(f"{where}: window 'table' value for CF {key} should be a "
-                                   f"number, got {value!r}")
-            parsed[cf] = float(value)
-        rec["table"] = parsed
-    else:
-        raise RunLoadError(f"{where}: window field 'table' should be an object mapping CF "
-                           f"to throughput, got {table!r}")
-    settled = rec.get("settled")
-    if settled is not None and not isinstance(settled, bool):
-        raise RunLoadError(f"{where}: window field 'settled' should be true or false, got "
-                           f"{settled!r}")
-    return rec
+def _cf_table(value: Any, name: str, kind: str, where: str) -> dict[float, float]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise RunLoadError(f"{where}: {kind} field '{name}' should be an object mapping CF "
+                           f"to throughput, got {value!r}")
+    parsed: dict[float, float] = {}
+    for key, number in value.items():
+        try:
+            cf = float(key)
+        except ValueError:
+            raise RunLoadError(f"{where}: {kind} '{name}' key {key!r} is not a CF "
+                               f"number") from None
+        if not _is_number(number):
+            raise RunLoadError(f"{where}: {kind} '{name}' value for CF {key} should be a "
+                               f"number, got {number!r}")
+        parsed[cf] = float(number)
+    return parsed
 
 
 def _run_name(start: dict[str, Any], directory: Path) -> str:
@@ -350,3 +334,26 @@ def _run_name(start: dict[str, Any], directory: Path) -> str:
         if isinstance(data, dict) and isinstance(data.get("name"), str) and data["name"]:
             return data["name"]
     return directory.resolve().name
+
+
+def load_rank_steps(run_dir: str | os.PathLike) -> dict[int, list[dict[str, Any]]]:
+    """rank -> its step records (``run.rank_phases``: ``ranks/rank{r}.jsonl``) in step
+    order, the last one of a step a resume re-ran; {} when the run did not write them.
+    A line cut by a crash is skipped.
+
+    Example::
+
+        by_rank = load_rank_steps("runs/lstm-topk")    # {0: [{"rank": 0, "step": 1, ...}]}
+    """
+    out = {}
+    for path in sorted((Path(run_dir) / RANKS_DIR).glob("rank*.jsonl")):
+        by_step = {}
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue
+            by_step[entry["step"]] = entry
+        if by_step:
+            out[int(path.stem[len("rank"):])] = [by_step[s] for s in sorted(by_step)]
+    return out

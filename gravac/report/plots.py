@@ -17,6 +17,7 @@ from typing import Callable, Sequence
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from ..engine.run_record import SENT_SKIPPED
 from ..util.atomic import atomic_savefig
 from .load import Run
 from .stats import cf_shares, compression_throughput, step_cf
@@ -129,7 +130,7 @@ def plot_cf(runs: Sequence[Run]) -> Figure:
         ax.plot(*zip(*points), drawstyle="steps-post", color=_color(i), linewidth=1.8,
                 label=f"{run.label}: CF sent")
         plotted = True
-        sent = [r for r in run.steps if r.get("sent") != "skipped" and r.get("cf_actual")]
+        sent = [r for r in run.steps if r.get("sent") != SENT_SKIPPED and r.get("cf_actual")]
         if any(abs(r["cf_actual"] - (step_cf(r) or 0.0)) > 1e-6 * r["cf_actual"] for r in sent):
             ax.plot([r["step"] for r in sent], [r["cf_actual"] for r in sent], color=_color(i),
                     linewidth=0.7, alpha=0.6, label=f"{run.label}: actual CF")

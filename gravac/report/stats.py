@@ -13,11 +13,12 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..engine.phases import LOCAL_PHASES, WAIT_PHASES
+from ..engine.run_record import (SENT_CANDIDATE, SENT_DENSE, SENT_MIN, SENT_SKIPPED,
+                                 STEP_TIME_FIELDS)
 from .load import Run
 
 # What the trainer reports as gained by each kind of send: "gain" of a dense send is 1.
-_GAIN_FIELD = {"candidate": "gain_c", "min": "gain_min"}
+_GAIN_FIELD = {SENT_CANDIDATE: "gain_c", SENT_MIN: "gain_min"}
 
 
 @dataclass(frozen=True)
@@ -180,9 +181,9 @@ def _ratio(num: float | None, den: float | None) -> float | None:
 def step_cf(rec: dict) -> float | None:
     """The CF a step line sent at (a dense send is CF 1 even when ``cf`` is missing; a step
     skipped for a non-finite gradient sent nothing and has no CF)."""
-    if rec.get("sent") == "skipped":
+    if rec.get("sent") == SENT_SKIPPED:
         return None
-    if rec.get("sent") == "dense":
+    if rec.get("sent") == SENT_DENSE:
         return 1.0
     return rec.get("cf")
 
@@ -227,10 +228,11 @@ def compression_throughput(run: Run) -> dict[float, float]:
     return {cf: float(np.mean(groups[cf])) for cf in sorted(groups)}
 
 
-#: The columns of the report's step-time table: (heading, step field), in step order.
-TIME_COLUMNS = (("compute", "t_compute"), *((p[2:], p) for p in LOCAL_PHASES),
-                ("= local", "t_compress"), *((p[2:], p) for p in WAIT_PHASES),
-                ("= waits", "t_comm"), ("update", "t_update"), ("step", "t_iter"))
+_TIME_HEADINGS = {"t_compute": "compute", "t_compress": "= local", "t_comm": "= waits",
+                  "t_update": "update", "t_iter": "step"}
+#: The columns of a step-time table (the report's, benchmarks/step_profile.py's):
+#: (heading, step field), in step order; a phase is headed by its name (``select``).
+TIME_COLUMNS = tuple((_TIME_HEADINGS.get(name, name[2:]), name) for name in STEP_TIME_FIELDS)
 
 
 def time_breakdown(run: Run, skip: int = 10) -> dict[str, float] | None:
@@ -238,7 +240,7 @@ def time_breakdown(run: Run, skip: int = 10) -> dict[str, float] | None:
     ``skip`` (start-up); None for runs that logged no phases (dense baselines, older
     trainers). Medians, not means: one slow step (a checkpoint, a peer's hiccup) would
     otherwise show as a phase's cost."""
-    steps = [s for s in run.steps if s["step"] > skip and s.get("sent") != "skipped"]
+    steps = [s for s in run.steps if s["step"] > skip and s.get("sent") != SENT_SKIPPED]
     if not any(s.get("t_select") is not None for s in steps):
         return None
     out = {}

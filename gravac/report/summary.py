@@ -72,8 +72,8 @@ def decisions_section(run: Run) -> list[str]:
     lines = [f"### {run.label}", ""]
     if not run.windows:
         return lines + ["No window records logged.", ""]
-    rows = [[str(w.get("window", i)), str(window_end_step(w)), _num(w.get("theta_min"), "g"),
-             _num(w.get("theta_c"), "g"), _num(w.get("delta_min"), ".4g"),
+    rows = [[str(i if w.get("window") is None else w["window"]), str(window_end_step(w)),
+             _num(w.get("theta_min"), "g"), _num(w.get("theta_c"), "g"), _num(w.get("delta_min"), ".4g"),
              _num(w.get("delta_c"), ".4g"),
              DASH if w.get("settled") is None else ("yes" if w["settled"] else "no")]
             for i, w in enumerate(run.windows, start=1)]
@@ -104,7 +104,7 @@ def window_end_step(record: dict) -> int:
     """Steps done when the window ended, counted like step and eval records (from 1).
     Records without a "window" number come from trainers that logged the controller's
     0-based index of the window's last step."""
-    return int(record["step"]) if "window" in record else int(record["step"]) + 1
+    return int(record["step"]) if record.get("window") is not None else int(record["step"]) + 1
 
 
 def render_markdown(runs: Sequence[Run], rows: Sequence[RunSummary], baseline: Run | None,

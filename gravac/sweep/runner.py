@@ -11,6 +11,7 @@ from typing import Any, Callable, Sequence
 
 import yaml
 
+from ..report import METRICS_FILE, load_run
 from ..util.atomic import atomic_write_text
 from .results import finished, results_rows, write_results
 from .spec import (REPO, RunSpec, Sweep, SweepError, check_key, expand, load_sweep,
@@ -58,7 +59,7 @@ def dry_run_check(train_args: list[str], repo: Path = REPO, timeout: float = 600
 
 def occupied(run_dir: Path) -> bool:
     """Whether ``run_dir`` already holds a run (train.py refuses it without overwrite)."""
-    return (run_dir / "metrics.jsonl").exists() or (run_dir / "checkpoints").exists()
+    return (run_dir / METRICS_FILE).exists() or (run_dir / "checkpoints").exists()
 
 
 def validate(runs: Sequence[RunSpec], sweep_dir: Path, extra: Sequence[tuple[str, Any]],
@@ -214,7 +215,6 @@ def resume_plan(run_dir: Path, cfg) -> tuple[str, list[str]]:
     run_end record is the completed marker); a run with a checkpoint continues from it;
     a run that logged but never checkpointed starts again."""
     from gravac.train.checkpoint import has_checkpoint
-    from .results import load_run
 
     if finished(run_dir):
         end = load_run(run_dir).end or {}
@@ -311,7 +311,7 @@ def execute(sweep: Sweep, runs: Sequence[RunSpec], sweep_dir: Path,
         else:
             status[run.name] = "failed"
             notes[run.name] = failure_note(log_path, code) if code else \
-                "no run_end record in metrics.jsonl"
+                f"no run_end record in {METRICS_FILE}"
             print(f"=== {run.name} FAILED: {notes[run.name]} (log: {log_path}) ===", flush=True)
         save()
     ok = [r for r in runs if status[r.name] == "ok"]

@@ -18,8 +18,12 @@ import sys
 import time
 from pathlib import Path
 
-from ..engine.record import METRICS_FILE as METRICS
-from ..engine.record import TENSORBOARD_TAGS as _STEP_SCALARS
+from ..engine.run_record import (EVAL, KINDS, METRICS_FILE, NUMBER, RANKS_DIR, RUN_END, STEP,
+                                 TENSORBOARD_TAGS, WINDOW)
+
+#: The numbers of a window record that TensorBoard shows as ``gravac/<field>``.
+_WINDOW_SCALARS = tuple(name for name, type_ in KINDS[WINDOW].fields.items()
+                        if type_ == NUMBER and name != "time")
 
 
 def _finite(value) -> bool:
@@ -52,7 +56,8 @@ def plain_progress(step: int, total: int, elapsed: float, steps_done: int, loss=
 
 
 class RunLogger:
-    """Writes ``metrics.jsonl`` and TensorBoard events under ``run_dir`` (rank 0 only)."""
+    """Writes ``metrics.jsonl`` and TensorBoard events under ``run_dir`` (rank 0 only);
+    the records are the run-record schema's (gravac/engine/run_record.py)."""
 
     def __init__(self, run_dir, enabled: bool, total_steps: int, progress: str = "auto",
                  initial_step: int = 0):
@@ -64,7 +69,7 @@ class RunLogger:
             return
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self._file = open(self.run_dir / METRICS, "a", encoding="utf-8")
+        self._file = open(self.run_dir / METRICS_FILE, "a", encoding="utf-8")
         from tensorboardX import SummaryWriter
 
         # A resumed run logs the steps after its checkpoint again: purge_step drops the
@@ -98,16 +103,16 @@ class RunLogger:
         self._file.flush()
         step = entry.get("step", 0)
         kind = entry.get("kind")
-        if kind == "step":
-            for tag, key in _STEP_SCALARS.items():
+        if kind == STEP:
+            for tag, key in TENSORBOARD_TAGS.items():
                 if _finite(entry.get(key)):
                     self._writer.add_scalar(tag, entry[key], step)
-        elif kind == "eval":
+        elif kind == EVAL:
             for key, value in entry.items():
                 if key not in ("kind", "step", "time") and _finite(value):
                     self._writer.add_scalar(f"eval/{key}", value, step)
-        elif kind == "window":
-            for key in ("theta_min", "theta_c", "delta_min", "delta_c"):
+        elif kind == WINDOW:
+            for key in _WINDOW_SCALARS:
                 if _finite(entry.get(key)):
                     self._writer.add_scalar(f"gravac/{key}", entry[key], step)
             for cf, value in (entry.get("table") or {}).items():
@@ -157,10 +162,6 @@ class RunLogger:
         self._bar = self._writer = self._file = None
 
 
-#: Where ``run.rank_phases`` writes each rank's own step timings (under the run directory).
-RANK_PHASES_DIR = "ranks"
-
-
 class RankPhaseLog:
     """Every rank's own step record, ``ranks/rank{r}.jsonl`` (``run.rank_phases``).
 
@@ -168,8 +169,8 @@ class RankPhaseLog:
     rank arrives: where one rank's compute or compression runs longer, the *other* rank's
     waits grow, and rank 0's record cannot say which. Each rank writes its own file (no
     collective); lines are buffered and flushed every ``flush_every`` records and on
-    ``close``. A resumed run appends: readers keep the last record of each step
-    (``read_rank_phases``).
+    ``close``. A resumed run appends: the reader keeps the last record of each step
+    (``gravac.report.load_rank_steps``).
 
     Example::
 
@@ -183,7 +184,7 @@ class RankPhaseLog:
         self._rank, self._flush_every, self._pending = rank, flush_every, 0
         if not enabled:
             return
-        folder = Path(run_dir) / RANK_PHASES_DIR
+        folder = Path(run_dir) / RANKS_DIR
         folder.mkdir(parents=True, exist_ok=True)
         self._file = open(folder / f"rank{rank}.jsonl", "a", encoding="utf-8")
 
@@ -202,28 +203,11 @@ class RankPhaseLog:
         self._file = None
 
 
-def read_rank_phases(run_dir) -> dict[int, list[dict]]:
-    """rank -> its step records in step order (the last one of a step a resume re-ran);
-    {} when the run did not write them."""
-    out = {}
-    for path in sorted((Path(run_dir) / RANK_PHASES_DIR).glob("rank*.jsonl")):
-        by_step = {}
-        for line in path.read_text().splitlines():
-            try:
-                entry = json.loads(line)
-            except ValueError:
-                continue          # a line cut by a crash
-            by_step[entry["step"]] = entry
-        if by_step:
-            out[int(path.stem[len("rank"):])] = [by_step[s] for s in sorted(by_step)]
-    return out
-
-
 def truncate_metrics(run_dir, step: int) -> None:
     """Drop records after ``step`` (a resumed run re-logs them), atomically."""
     from ..util.atomic import atomic_write_text
 
-    path = Path(run_dir) / METRICS
+    path = Path(run_dir) / METRICS_FILE
     if not path.is_file():
         return
     kept = []
@@ -232,7 +216,7 @@ def truncate_metrics(run_dir, step: int) -> None:
             entry = json.loads(line)
         except ValueError:
             continue          # a line cut by a crash
-        if entry.get("kind") == "run_end" or entry.get("step", 0) > step:
+        if entry.get("kind") == RUN_END or entry.get("step", 0) > step:
             continue
         kept.append(line)
     atomic_write_text(path, "".join(f"{line}\n" for line in kept))

@@ -7,9 +7,11 @@ from pathlib import Path
 import pytest
 
 from gravac.engine.phases import PHASES
+from gravac.engine.run_record import RANK_STEP_FIELDS
+from gravac.report import load_rank_steps
 from gravac.train.config import load_config
-from gravac.train.loop import RANK_PHASE_KEYS, train
-from gravac.train.monitor import RankPhaseLog, read_rank_phases
+from gravac.train.loop import train
+from gravac.train.monitor import RankPhaseLog
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "benchmarks"))
@@ -27,7 +29,7 @@ def test_rank_log_round_trip_keeps_the_last_record_of_a_step(tmp_path):
     log.close()
     with open(tmp_path / "ranks" / "rank1.jsonl", "a") as f:
         f.write('{"step": 4, "t_it')
-    got = read_rank_phases(tmp_path)
+    got = load_rank_steps(tmp_path)
     assert list(got) == [1]
     assert [(r["rank"], r["step"], r["t_iter"]) for r in got[1]] == \
         [(1, 1, 0.1), (1, 2, 0.2), (1, 3, 0.5)]
@@ -37,7 +39,7 @@ def test_disabled_rank_log_writes_nothing(tmp_path):
     log = RankPhaseLog(tmp_path, rank=0, enabled=False)
     log.record({"step": 1})
     log.close()
-    assert not (tmp_path / "ranks").exists() and read_rank_phases(tmp_path) == {}
+    assert not (tmp_path / "ranks").exists() and load_rank_steps(tmp_path) == {}
 
 
 def _record(step, compute, compress, update, **more):
@@ -76,11 +78,11 @@ def test_training_with_rank_phases_writes_each_logged_step(tmp_path):
     run_dir = tmp_path / "ranks"
     metrics = {r["step"]: r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text()
                                          .splitlines()) if r["kind"] == "step"}
-    got = read_rank_phases(run_dir)
+    got = load_rank_steps(run_dir)
     assert list(got) == [0]
     assert [r["step"] for r in got[0]] == [1, 5, 10, 12] == sorted(metrics)
     for r in got[0]:
-        assert set(r) == {"rank", *RANK_PHASE_KEYS}
-        assert {k: r[k] for k in RANK_PHASE_KEYS} == \
-            {k: metrics[r["step"]][k] for k in RANK_PHASE_KEYS}
-    assert set(PHASES) <= set(RANK_PHASE_KEYS)
+        assert set(r) == {"rank", *RANK_STEP_FIELDS}
+        assert {k: r[k] for k in RANK_STEP_FIELDS} == \
+            {k: metrics[r["step"]][k] for k in RANK_STEP_FIELDS}
+    assert set(PHASES) <= set(RANK_STEP_FIELDS)
