@@ -1,6 +1,6 @@
 """Gradient compressors: pure tensor code, one file per method. Sparsifiers select k
 entries of a layer; ``powersgd`` is the low-rank kind (``is_lowrank``: the engine sends
-its factors by allreduce, see gravac/engine/lowrank.py).
+its factors by allreduce, see gravac/engine/exchanges/lowrank.py).
 
 Example::
 

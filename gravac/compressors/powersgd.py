@@ -4,7 +4,7 @@ A layer's gradient is viewed as a matrix M (rows = the first dimension, cols = t
 and approximated by P Qᵀ of rank r: P = M Q, P orthogonalised, Q = Mᵀ P, M̂ = P Qᵀ. Q is
 kept between steps (warm start) and starts from draws that are the same on every rank.
 How P and Q travel (two grouped allreduces per step, all layers together) and error
-feedback are the engine's business (``gravac/engine/lowrank.py``); this module is pure
+feedback are the engine's business (``gravac/engine/exchanges/lowrank.py``); this module is pure
 tensor code: no communication, no residuals, never the global RNG.
 
 CF of a rank-r layer: rows·cols / (r·(rows + cols)). A CF asked by a controller maps to
@@ -213,7 +213,7 @@ class PowerSGD(Compressor):
     # -- not a sparsifier -------------------------------------------------------------------
     def select(self, x: torch.Tensor, k: int, ctx: SelectContext | None = None) -> torch.Tensor:
         raise TypeError("powersgd is a low-rank compressor: it has no select(); the step "
-                        "engine runs it through gravac/engine/lowrank.py")
+                        "engine runs it through gravac/engine/exchanges/lowrank.py")
 
     def _select(self, x, k, ctx):  # pragma: no cover - select() above never calls it
         raise TypeError("powersgd has no select()")
