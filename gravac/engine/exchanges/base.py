@@ -206,6 +206,20 @@ class Exchange:
               flags: torch.Tensor | None = None, same_size: bool = False) -> Pending:
         raise TypeError(f"{type(self).__name__} must define start()")
 
+    def average_values(self, what: str, sent: list[SentLayer], dense: list[Layer], tag: str,
+                       flags: torch.Tensor | None, then: Callable[[], None]) -> Pending:
+        """The exchanges that travel by allreduce: the values of ``sent`` averaged in place
+        by ONE grouped allreduce per dtype (``<prefix>.<what><tag>``), beside the dense
+        layers'; ``then()`` writes the gradients in ``unpack``."""
+        pending = Pending()
+        handles, nbytes = grouped_average(self.comm, f"{self.prefix}.{what}{tag}",
+                                          [s.val for s in sent])
+        for i, handle in enumerate(handles):
+            pending.add(handle, nbytes=nbytes if i == 0 else 0)
+        add_dense(pending, self.comm, self.prefix, self.dense_wire, dense, tag, flags)
+        pending.after(then)
+        return pending
+
     def remote(self, planned: Sequence[tuple[Layer, float, float | None]],
                level: str) -> list[SentLayer]:
         """The planned layers other ranks sent for this one (the hierarchical shards), as

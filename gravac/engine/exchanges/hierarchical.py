@@ -1,34 +1,18 @@
 """The hierarchical exchange: dense inside a host, sparse across hosts, work shared by shard.
 
-With N ranks on H hosts of S ranks each, the allgather exchange has every rank receive the
-selections of N − 1 others; here each host sends ONE selection of the host's average
-gradient across hosts, so the sparse traffic on the slow link is that of H ranks
-(``../shared/ALGORITHM.md``, "Exchanges"; docs/ALGORITHM.md §13). As in Horovod's and
-NCCL's hierarchical allreduce, the host's ranks split the work: the layers are cut into S
-shards (the same cut on every host, balanced by size), and the rank with local index j
-compresses and exchanges shard j only. Per step, on every rank:
-
-1. ``begin``: the host's ranks average their gradients densely (one grouped allreduce per
-   dtype over the host's group: loopback or shared memory, not the slow link);
-2. ``mine``: error feedback and both levels' selection run on this rank's shard of the
-   host average: a layer's residual lives on the rank owning its shard (with one rank per
-   host, every rank owns everything: the allgather exchange);
-3. the pipeline's ONE gains allreduce over all ranks (each adds its shard's rows; every
-   rank's NaN/Inf flag rides in it): the sums are those of one selection per host over
-   every layer, so every rank takes the same decision;
-4. ``start``: the ranks with local index j, one per host, exchange shard j among
-   themselves as the allgather exchange does: S exchanges of H ranks, in parallel. Each
-   host's average weighs its ranks equally, so the average over hosts is the average over
-   all ranks (every host must have as many ranks);
-5. ``end``: the host's ranks share their shards' results: ONE byte allgather over the
-   host's group.
+Each host sends ONE selection of its average gradient across hosts, so the sparse traffic
+on the slow link is that of H hosts, not N ranks (docs/ALGORITHM.md §13). The layers are
+cut into S shards (S ranks per host, balanced by size); the rank with local index j
+selects and exchanges shard j only. ``begin``: the host's ranks average their gradients
+densely (over the host's group); ``mine``: this rank's shard, whose residuals live here;
+the pipeline's one gains allreduce sums one selection per host over every layer, so every
+rank decides alike; ``start``: the j-th ranks of the hosts exchange shard j as the
+allgather does; ``end``: the host's ranks share their shards (one byte allgather).
 
 Never two groups' collectives in flight at once (``world_beside = False``: a 2x2 Horovod
-run hung, a Gloo recv timeout, when the world's flags ran beside a shard group's
-exchange): the pipeline agrees the gains and flags before the shard exchange starts.
-Host and shard groups cross (each rank is in one of each); under Horovod they are process
-sets, which its background loop negotiates one after another every cycle: sound, but
-each of their collectives costs a few Horovod cycles (docs/BENCHMARKS.md §6).
+run hung when the world's flags ran beside a shard group's exchange): the pipeline agrees
+the gains and flags before the shard exchange starts. Under Horovod the host and shard
+groups are process sets (``HOROVOD_DYNAMIC_PROCESS_SETS=1``).
 
 Example::
 

@@ -1,21 +1,13 @@
 """The low-rank exchange (PowerSGD): factors travel by allreduce, all layers together.
 
-Chosen by a low-rank compressor (``compressor.is_lowrank``), not by ``exchange=``. With
-M = g_ef of a layer as a rows x cols matrix (docs/ALGORITHM.md §11), per step:
-
-1. ``plan_layer``: the rank r_min of each layer from the plan (a CF maps to the largest
-   rank whose CF is at least it; Static/Accordion may plan ranks), and the candidate's
-   r_c; layers planned dense, and layers whose rank-r form is not smaller than dense, go
-   dense;
-2. ``select``: P = M Q (Q: the layer's warm start), ONE grouped allreduce (average) of
-   every P; orthogonalise P; this rank's Q_i = Mᵀ P;
-3. ``gain_rows``: P is orthonormal, so ‖P Q_iᵀ‖² = ‖Q_i‖², and the rank-r_c result is the
-   first r_c columns of P and Q_i (Gram-Schmidt keeps prefixes): no M̂ is formed;
-4. ``settle`` and ``start``: the Q columns of the level decided, ONE grouped allreduce
-   (average), beside the dense layers' (on a dense decision no Q travels);
-5. ``unpack``: M̂ = P Qᵀ into ``.grad``; residual = g_ef − M̂; the averaged Q becomes the
-   warm start of its columns (columns not sent keep their previous values, which every
-   rank shares).
+Chosen by a low-rank compressor, not by ``exchange=`` (docs/ALGORITHM.md §11). With M =
+g_ef of a layer as a rows x cols matrix: ``plan_layer`` maps the plan to ranks (a CF to
+the largest rank whose CF is at least it; layers whose rank-r form is not smaller go
+dense); ``select`` forms P = M Q (Q the warm start), averages every P in ONE grouped
+allreduce, orthogonalises it and takes this rank's Q_i = Mᵀ P; the gains need no M̂
+(‖P Q_iᵀ‖ = ‖Q_i‖, the candidate being the first r_c columns); ``start`` averages the Q
+columns of the level decided in ONE grouped allreduce; ``unpack`` writes M̂ = P Qᵀ, sets
+the residual to g_ef − M̂ and keeps the averaged Q as the next warm start.
 
 Example::
 
@@ -32,7 +24,7 @@ from ...compressors.powersgd import matrix_shape, orthogonalize_, rank_for_cf
 from ...controllers import SENT_CANDIDATE
 from ..layers import Layer
 from ..phases import PhaseClock
-from .base import Exchange, Pending, SentLayer, add_dense, grouped_average
+from .base import Exchange, Pending, SentLayer, grouped_average
 
 
 @dataclass
@@ -123,12 +115,6 @@ class LowRankExchange(Exchange):
 
     def start(self, sent: list[SentLayer], dense: list[Layer], tag: str = "",
               flags: torch.Tensor | None = None, same_size: bool = False) -> Pending:
-        pending = Pending()
-        handles, nbytes = grouped_average(self.comm, f"{self.prefix}.lowrank.q{tag}",
-                                          [s.val for s in sent])
-        for i, handle in enumerate(handles):
-            pending.add(handle, nbytes=nbytes if i == 0 else 0)
-        add_dense(pending, self.comm, self.prefix, self.dense_wire, dense, tag, flags)
         comp = self.compressor
 
         def rebuild():
@@ -139,8 +125,7 @@ class LowRankExchange(Exchange):
                 w.layer.param.grad.view(w.rows, w.cols).copy_(m_hat)
                 memory.update(w.layer.name, w.g_ef, m_hat)
                 comp.adopt(w.layer.name, w.q_sent)
-        pending.after(rebuild)
-        return pending
+        return self.average_values("lowrank.q", sent, dense, tag, flags, rebuild)
 
 
 def _sq(t: torch.Tensor) -> torch.Tensor:

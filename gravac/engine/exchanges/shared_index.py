@@ -1,30 +1,17 @@
 """The shared-index exchange: every rank sends its values at ONE index set, by allreduce.
 
-With the allgather exchange a rank receives N − 1 selections, so its traffic grows with
-the number of ranks N; here every rank sends values at the same indices, and the values
-are averaged by a ring allreduce whose traffic per rank is ≈ 2·(N−1)/N·k values, whatever
-N (``../shared/ALGORITHM.md``, "Exchanges"; docs/ALGORITHM.md §13). The index set is
-ScaleCom's cyclic local top-k (Chen et al., NeurIPS 2020), rotated per layer: each layer
-has a leader, whose own selection of its error-fed gradient is the set everyone sends for
-that layer. ScaleCom gives every layer the same leader, rank s mod N at step s; here the
-layers are first spread over the ranks by size (``hierarchical.shard_layers``: the
-largest first, each to the least-loaded rank) and layer i's leader at step s is
-(base_i + s) mod N. Every rank still leads every layer once in N steps, and the selection
-the others wait for is split over the ranks instead of done by one. Per step:
-
-1. ``select``: each rank runs both levels' selection on its g_ef for the layers it leads
-   (the compressor as configured, so DGC's and RedSync's thresholds work too); ONE
-   allreduce (sum) of a byte buffer tells every rank every leader's indices (each rank
-   writes its layers' fields, zeros elsewhere: a broadcast whose traffic does not grow
-   with N). A field holds a layer's indices ascending in ~1-2 bytes each
-   (``index_codec.py``); its layout is fixed by the plan and the compressor's
-   ``count_bounds``, so no round is needed to learn sizes. Random-k with a shared seed
-   draws the same indices on every rank and skips this round. Each rank then takes its
-   own values at the shared indices, for both levels (the gains are measured on them);
-2. ``start``: ONE grouped allreduce (average) of the values of the level sent, all
-   layers together, and the dense layers' grouped allreduce;
-3. the gradient is the averaged values at the shared indices, zero elsewhere; each rank's
-   residual = its g_ef − what it sent (its own values at the shared indices).
+The values are averaged by a ring allreduce whose traffic per rank does not grow with the
+number of ranks (docs/ALGORITHM.md §13). The index set is ScaleCom's cyclic local top-k,
+rotated per layer: layer i's leader at step s is (base_i + s) mod N, the bases spread
+over the ranks by size (``shard_layers``), so every rank leads every layer once in N steps
+and the selection the others wait for is split over the ranks. ``select``: each rank
+selects both levels of the layers it leads (the configured compressor), ONE allreduce
+(sum) of a byte buffer gives every rank every leader's indices (ascending, in coded
+fields of ~1-2 bytes: ``index_codec.py``; its layout follows from the plan and
+``count_bounds``, so no round learns sizes; Random-k with a shared seed skips it), and
+each rank takes its own values there. ``start``: ONE grouped allreduce (average) of the
+values sent, beside the dense layers'. The gradient is the averaged values at the shared
+indices, zero elsewhere; each rank's residual is its g_ef − its own values sent.
 
 Example::
 
@@ -39,7 +26,7 @@ from .. import index_codec
 from ..layers import Layer
 from ..phases import PhaseClock
 from ..selection import Selection, select_levels
-from .base import Exchange, Pending, SentLayer, add_dense, grouped_average
+from .base import Exchange, Pending, SentLayer
 
 
 def shard_layers(layers, shards: int) -> list[int]:
@@ -105,21 +92,13 @@ class SharedIndexExchange(Exchange):
 
     def start(self, sent: list[SentLayer], dense: list[Layer], tag: str = "",
               flags: torch.Tensor | None = None, same_size: bool = False) -> Pending:
-        pending = Pending()
-        # The values are copies: the allreduce averages them in place.
-        handles, nbytes = grouped_average(self.comm, f"{self.prefix}.shared{tag}",
-                                          [s.val for s in sent])
-        for i, handle in enumerate(handles):
-            pending.add(handle, nbytes=nbytes if i == 0 else 0)
-        add_dense(pending, self.comm, self.prefix, self.dense_wire, dense, tag, flags)
-
         def scatter():
             for s in sent:
                 grad = s.layer.param.grad.view(-1)
                 grad.zero_()
                 grad.index_copy_(0, s.idx, s.val.to(grad.dtype))
-        pending.after(scatter)
-        return pending
+        # The values are copies: the allreduce averages them in place.
+        return self.average_values("shared", sent, dense, tag, flags, scatter)
 
     def _index_sets(self, fed, step: int, clock: PhaseClock):
         """[(idx_min, idx_c or None)] per fed layer: its leader's selection, on every
