@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import inspect
 
-from .base import Compressor, SelectContext, num_kept
+from ..util.sizes import num_kept
+from .base import Compressor, SelectContext
 from .dgc import DGC
 from .none import NoCompression
 from .powersgd import PowerSGD
 from .randomk import RandomK
 from .redsync import RedSync
 from .topk import TopK
+
 
 REGISTRY: dict[str, type[Compressor]] = {
     "topk": TopK,

@@ -7,7 +7,6 @@ values the first level kept.
 """
 from __future__ import annotations
 
-import math
 from abc import ABC, abstractmethod
 from typing import NamedTuple
 
@@ -72,17 +71,6 @@ def sample_generator(seed: int, ctx: SelectContext, device=None) -> torch.Genera
     return g.manual_seed(mix_seed(seed, ctx.step, ctx.layer, ctx.level, ctx.rank))
 
 
-def num_kept(n: int, cf: float) -> int:
-    """Elements kept from ``n`` at compression factor ``cf``: ``max(1, ceil(n / cf))``.
-
-    >>> num_kept(1000, 10), num_kept(5, 1000), num_kept(7, 1.5)
-    (100, 1, 5)
-    """
-    if cf < 1:
-        raise ValueError(f"compression factor must be >= 1 (1 = dense), got {cf}")
-    return min(n, max(1, math.ceil(n / cf)))
-
-
 class Compressor(ABC):
     """Base class: subclasses implement ``_select`` for 1 <= k < n.
 
@@ -98,7 +86,7 @@ class Compressor(ABC):
     Example::
 
         comp = gravac.compressors.get("topk")
-        idx = comp.select(grad.view(-1), k=num_kept(grad.numel(), 100))
+        idx = comp.select(grad.view(-1), k=gravac.compressors.num_kept(grad.numel(), 100))
         values = grad.view(-1)[idx]
     """
 

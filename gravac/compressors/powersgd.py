@@ -29,50 +29,10 @@ import zlib
 
 import torch
 
+# The matrix view, the CF of a rank and the rank of a CF: gravac/util/sizes.py, the cost
+# model's too.
+from ..util.sizes import compression_factor, matrix_shape, rank_for_cf  # noqa: F401
 from .base import Compressor, SelectContext, mix_seed
-
-
-def matrix_shape(shape) -> tuple[int, int]:
-    """The matrix view of a tensor of ``shape``: (first dimension, product of the rest).
-
-    >>> matrix_shape((64, 3, 3, 3)), matrix_shape((10,))
-    ((64, 27), (10, 1))
-    """
-    shape = tuple(int(s) for s in shape)
-    if not shape:
-        return 1, 1
-    return shape[0], math.prod(shape[1:])
-
-
-def compression_factor(rows: int, cols: int, rank: int) -> float:
-    """CF of the rank-``rank`` form of a rows x cols matrix: rows·cols / (rank·(rows+cols)).
-
-    >>> compression_factor(100, 300, 1), compression_factor(100, 300, 4)
-    (75.0, 18.75)
-    """
-    if rank < 1:
-        raise ValueError(f"PowerSGD rank must be >= 1, got {rank}")
-    return rows * cols / (rank * (rows + cols))
-
-
-def rank_for_cf(rows: int, cols: int, cf: float) -> int:
-    """The largest rank whose CF is at least ``cf``; 1 when even rank 1 is below it.
-
-    >>> rank_for_cf(100, 300, 75), rank_for_cf(100, 300, 74.9), rank_for_cf(100, 300, 18.75)
-    (1, 1, 4)
-    >>> rank_for_cf(100, 300, 18.76), rank_for_cf(100, 300, 1000)
-    (3, 1)
-    """
-    if isinstance(cf, bool) or not isinstance(cf, (int, float)) or math.isnan(cf) or cf < 1:
-        raise ValueError(f"compression factor must be a number >= 1 (1 = dense), got {cf!r}")
-    # The closed form, then exact checks with compression_factor itself: the answer must
-    # agree with the CF the step record reports, whatever floating point did on the way.
-    rank = max(1, int(rows * cols // (cf * (rows + cols))))
-    while compression_factor(rows, cols, rank + 1) >= cf:
-        rank += 1
-    while rank > 1 and compression_factor(rows, cols, rank) < cf:
-        rank -= 1
-    return rank
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:

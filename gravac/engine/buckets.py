@@ -19,7 +19,7 @@ still waiting (a layer without a gradient on this rank is sent as zeros).
 Example::
 
     opt = wrap_optimizer(sgd, model.named_parameters(), comm, controller=Static(cf=100),
-                         overlap=True, bucket_cap_mb=25)
+                         overlap=True)
     loss.backward()          # buckets leave as their gradients are produced
     opt.step()               # waits for them, writes the averaged gradients, updates
 """

@@ -22,6 +22,10 @@ indices ascending as block counts and low bits, about 1.1-2 bytes an index inste
 each field sized by ``index_codec.plan(numel, count)`` from the header's counts (so a
 receiver finds every field without more header), and the values in that same order. Such
 a chunk starts with ``MAGIC_CODED``.
+
+The sizes (header, padding, index dtype, fields) are ``sizes.py``'s, which the cost model
+(``benchmarks/scaling/``) prices a step with: ``sizes.sparse_chunk_bytes`` is the length
+of the buffer ``pack`` returns.
 """
 from __future__ import annotations
 
@@ -31,11 +35,14 @@ import numpy as np
 import torch
 
 from . import index_codec
+from ..util.sizes import CHUNK_HEADER_FIELDS as _HEADER_FIELDS
+from ..util.sizes import chunk_header_bytes, pad8, plain_index_bytes
 
 MAGIC = 0x6772617661630001  # "gravac" + format version 1
 MAGIC_CODED = 0x6772617661630002  # version 2: coded index fields (``index_coding``)
 _WIRE_DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
-_HEADER_FIELDS = 4
+#: bytes of an index (``sizes.plain_index_bytes``) -> its dtype in a plain chunk
+_INDEX_DTYPES = {4: torch.int32, 8: torch.int64}
 
 
 class SparseLayer(NamedTuple):
@@ -52,10 +59,6 @@ class PackContext(NamedTuple):
     index_dtype: torch.dtype
     device: torch.device
     index_coding: bool = False
-
-
-def _pad8(nbytes: int) -> int:
-    return (nbytes + 7) // 8 * 8
 
 
 def _as_bytes(t: torch.Tensor) -> torch.Tensor:
@@ -84,8 +87,7 @@ class SparseCodec:
         self.wire_dtype = dtypes.pop() if len(dtypes) == 1 else torch.float32
         if self.wire_dtype not in _WIRE_DTYPES:
             raise ValueError(f"sparse layers must be floating point, got {self.wire_dtype}")
-        big = any(layer.numel >= 2**31 for layer in self.layers)
-        self.index_dtype = torch.int64 if big else torch.int32
+        self.index_dtype = _INDEX_DTYPES[plain_index_bytes([l.numel for l in self.layers])]
         self.device = torch.device(device)
         offsets = [0]
         for layer in self.layers:
@@ -102,14 +104,16 @@ class SparseCodec:
         total = sum(counts)
         wire_size = torch.tensor([], dtype=self.wire_dtype).element_size()
         index_size = torch.tensor([], dtype=self.index_dtype).element_size()
-        header_bytes = 8 * (_HEADER_FIELDS + len(self.layers))
-        values_bytes = _pad8(total * wire_size)
+        # sizes.chunk_layout's sections (the coded fields are planned here once, since
+        # encoding needs them too).
+        header_bytes = chunk_header_bytes(len(self.layers))
+        values_bytes = pad8(total * wire_size)
         if self.index_coding:
             fields = self._fields(counts)
             selections = [_ascending_pair(v, i) for v, i in selections]
             index_bytes = sum(f.nbytes for f in fields)
         else:
-            index_bytes = _pad8(total * index_size)
+            index_bytes = pad8(total * index_size)
         chunk_bytes = header_bytes + values_bytes + index_bytes
         magic = MAGIC_CODED if self.index_coding else MAGIC
         header = torch.tensor([magic, chunk_bytes, _WIRE_DTYPES.index(self.wire_dtype),
@@ -159,7 +163,7 @@ class SparseCodec:
         wire_size = torch.tensor([], dtype=ctx.wire_dtype).element_size()
         index_size = torch.tensor([], dtype=ctx.index_dtype).element_size()
         n_layers = len(ctx.layers)
-        header_bytes = 8 * (_HEADER_FIELDS + n_layers)
+        header_bytes = chunk_header_bytes(n_layers)
         pos, end = 0, gathered.numel()
         headers = _equal_chunk_headers(gathered, header_bytes, chunks)
         while pos < end:
@@ -179,7 +183,7 @@ class SparseCodec:
             total = sum(counts)
             start = pos + header_bytes
             values = gathered[start:start + total * wire_size].view(ctx.wire_dtype)
-            start = pos + header_bytes + _pad8(total * wire_size)
+            start = pos + header_bytes + pad8(total * wire_size)
             if ctx.index_coding:
                 indices = self._decode_fields(gathered, start, counts)
             else:

@@ -10,7 +10,8 @@ indices it may hold, so every rank computes the same layout without a round
 (``plan``); the smallest of raw int32 (int64 for layers of 2^31+ entries), L = 8 and
 L = 16 is taken, raw on a tie (the cheapest to decode).
 
-Layout of a field (``nbytes``, a multiple of 8 so that every field and view is aligned):
+Layout of a field (``nbytes``, a multiple of 8 so that every field and view is aligned;
+its size is ``sizes.index_field_layout``'s, shared with the cost model):
 raw: ``capacity`` int32/int64 indices; L = 8: ceil(numel / 256) int16 block counts, then
 ``capacity`` uint8 low bytes; L = 16: ceil(numel / 65536) int32 block counts, then
 ``capacity`` int16 low halves (two's complement of the low 16 bits), each part padded to
@@ -31,12 +32,14 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-#: low_bits -> (dtype of a block count, dtype of a low part)
+from ..util.sizes import index_field_blocks, index_field_layout, pad8, raw_index_bytes
+
+#: low_bits -> (dtype of a block count, dtype of a low part): the dtypes of
+#: ``sizes.INDEX_FIELD_PARTS``' byte sizes (signed: the block counts feed repeat_interleave,
+#: a low int16 is masked back to 16 bits when decoded).
 _PARTS = {8: (torch.int16, torch.uint8), 16: (torch.int32, torch.int16)}
-
-
-def _pad8(nbytes: int) -> int:
-    return -(-nbytes // 8) * 8
+_RAW_DTYPES = {4: torch.int32, 8: torch.int64}
+_pad8 = pad8          # the name tests/unit/test_index_codec.py builds fields with
 
 
 @dataclass(frozen=True)
@@ -49,30 +52,22 @@ class IndexField:
 
     @property
     def blocks(self) -> int:
-        return -(-self.numel // (1 << self.low_bits)) if self.low_bits else 0
+        return index_field_blocks(self.numel, self.low_bits)
 
     @property
     def raw_dtype(self) -> torch.dtype:
-        return torch.int64 if self.numel > 2**31 else torch.int32
+        return _RAW_DTYPES[raw_index_bytes(self.numel)]
 
     @property
     def _counts_bytes(self) -> int:
-        return _pad8(self.blocks * _PARTS[self.low_bits][0].itemsize)
+        return pad8(self.blocks * _PARTS[self.low_bits][0].itemsize)
 
 
 def plan(numel: int, capacity: int) -> IndexField:
-    """The smallest field for up to ``capacity`` ascending indices of a layer of ``numel``."""
-    if capacity < 0 or numel < 0:
-        raise ValueError(f"numel and capacity must be >= 0, got {numel} and {capacity}")
-    raw = IndexField(numel, capacity, 0, 0)
-    best = IndexField(numel, capacity, 0, _pad8(capacity * raw.raw_dtype.itemsize))
-    for bits in (16, 8):
-        counts, low = _PARTS[bits]
-        blocks = -(-numel // (1 << bits))
-        nbytes = _pad8(blocks * counts.itemsize) + _pad8(capacity * low.itemsize)
-        if nbytes < best.nbytes:
-            best = IndexField(numel, capacity, bits, nbytes)
-    return best
+    """The smallest field for up to ``capacity`` ascending indices of a layer of ``numel``
+    (``sizes.index_field_layout``: raw, L = 16 or L = 8)."""
+    low_bits, nbytes = index_field_layout(numel, capacity)
+    return IndexField(numel, capacity, low_bits, nbytes)
 
 
 def ascending(idx: torch.Tensor) -> torch.Tensor:

@@ -9,7 +9,7 @@ the section (``compression.exchange=...``).
 
 Example::
 
-    opts = GravacOptions(overlap=True, bucket_cap_mb=8)
+    opts = GravacOptions(overlap=True, exchange="allgather_coded")
     opts.check()                                   # ValueError on a bad value
     GravacOptions(exchange="ring").check()
     # ValueError: exchange='ring': must be one of allgather, allgather_coded, ...

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..compressors import SelectContext, num_kept
+from ..compressors import SelectContext
+from ..util.sizes import num_kept
 from .layers import Layer
 
 

@@ -1,10 +1,14 @@
-"""The cost model of benchmarks/scaling.py (docs/SCALING.md): the α-β formulas on small
-cases computed by hand, the byte counts against gravac's own codec, the fits, the
-crossover rule θ > N, the properties the doc relies on (shared_index independent of N,
+"""The cost model, the package benchmarks/scaling/ (docs/SCALING.md): the α-β formulas on
+small cases computed by hand, the byte counts against gravac's own codec for every exchange
+(the model and the engine share gravac/util/sizes.py, which imports no torch), the fits,
+the crossover rule θ > N, the properties the doc relies on (shared_index independent of N,
 hierarchical with one rank per host = allgather), and every subcommand on tiny synthetic
 inputs. Subprocess timeouts are hang guards, not speed limits."""
 from __future__ import annotations
 
+import ast
+import dataclasses
+import importlib
 import json
 import math
 import subprocess
@@ -13,11 +17,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from bench_module import load_benchmark
+
+from gravac.util import sizes
+from gravac.engine.options import EXCHANGE_KINDS
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "benchmarks"))
-
-import scaling as S  # noqa: E402
+S = load_benchmark("scaling")
 
 PY = str(REPO / ".venv/bin/python") if (REPO / ".venv/bin/python").exists() else sys.executable
 HANG_GUARD = 600
@@ -34,7 +40,8 @@ def approx(x):
 
 
 def run_cli(*args, cwd=REPO):
-    return subprocess.run([PY, str(REPO / "benchmarks/scaling.py"), *map(str, args)], cwd=cwd,
+    """``python benchmarks/scaling ARGS`` (the package's folder: runs from any directory)."""
+    return subprocess.run([PY, str(REPO / "benchmarks/scaling"), *map(str, args)], cwd=cwd,
                           capture_output=True, text=True, timeout=HANG_GUARD)
 
 
@@ -58,20 +65,20 @@ def test_byte_counts_match_gravacs_codec_and_num_kept():
     from gravac.compressors import num_kept
     from gravac.engine.codec import SparseCodec, SparseLayer
 
-    for n, cf in [(2000, 10), (3000, 7), (5, 1000), (1024, 1.5)]:
-        assert S.num_kept(n, cf) == num_kept(n, cf)
+    for theta in (10, 7, 1000, 1.5):
+        assert TINY.kept(theta) == [num_kept(n, theta) for n in (2000, 3000)]
     codec = SparseCodec([SparseLayer("w1", 2000, torch.float32),
                          SparseLayer("w2", 3000, torch.float32)])
     for theta in (10, 100, 3):
-        sel = [(torch.zeros(S.num_kept(n, theta)), torch.arange(S.num_kept(n, theta)))
+        sel = [(torch.zeros(num_kept(n, theta)), torch.arange(num_kept(n, theta)))
                for n in (2000, 3000)]
         buffer, _ = codec.pack(sel)
-        assert S.chunk_bytes(2, TINY.kept_total(theta)) == buffer.numel()
-    assert S.chunk_bytes(3, 5) == 8 * 7 + 24 + 24
+        assert TINY.chunk_bytes(theta) == buffer.numel()
+    assert sizes.sparse_chunk_bytes([2000, 3000, 1024], [2, 2, 1]) == 8 * 7 + 24 + 24
     # shared_index's byte buffer: 2 int32 counts per layer + each level's field, sized as
     # the engine's codec sizes it
     from gravac.engine.index_codec import plan
-    fields = {theta: sum(plan(n, S.num_kept(n, theta)).nbytes for n in TINY.comp)
+    fields = {theta: sum(plan(n, num_kept(n, theta)).nbytes for n in TINY.comp)
               for theta in (10, 100)}
     assert S.index_buffer_bytes(TINY, 10, None) == 8 * 2 + fields[10]
     assert S.index_buffer_bytes(TINY, 10, 100) == 8 * 2 + fields[10] + fields[100]
@@ -79,11 +86,17 @@ def test_byte_counts_match_gravacs_codec_and_num_kept():
 
 
 def test_powersgd_ranks_match_gravac():
-    from gravac.compressors.powersgd import rank_for_cf
+    from gravac.compressors.powersgd import PowerSGD, matrix_shape, rank_for_cf
 
-    for rows, cols in [(100, 300), (40, 50), (64, 27), (1500, 6000)]:
+    ps = PowerSGD()
+    for shape in [(100, 300), (40, 50), (64, 3, 3, 3), (1500, 6000)]:
+        rows, cols = matrix_shape(shape)
+        model = S.ModelShapes.from_params([("w", shape)], min_compress_numel=1)
         for cf in (1, 2, 10, 18.75, 18.76, 75, 1000):
-            assert S.rank_for_cf(rows, cols, cf) == rank_for_cf(rows, cols, cf)
+            rank = rank_for_cf(rows, cols, cf)
+            assert rank == ps.rank_of(shape, cf)
+            lr = model.lowrank(("cf", cf), ("cf", cf))
+            assert lr.p_floats == (rows * rank if ps.sends_low_rank(shape, rank) else 0)
     lr = TINY.lowrank(("rank", 1), ("rank", 1))
     assert (lr.p_floats, lr.q_floats, lr.lowrank_numel, lr.dense_numel) == (70, 150, 5000, 10)
     # rank 4 of 40x50 is CF 2000/360 > 1: still low-rank; a 1-D layer never is
@@ -126,6 +139,86 @@ def test_dense_fp16_shared_index_powersgd_by_hand():
     assert S.comm_time(ps, TINY, layout, net) == approx(
         2 * A + 16 * B + 2 * A + 280 * B + 2 * A + 640 * B)
     assert S.recorded_bytes(ps, TINY, layout) == 280 + 600 + 40
+
+
+def test_allgather_coded_by_hand():
+    """allgather_coded: the allgather's rounds, its chunk with each layer's indices in the
+    coded field ``sizes.index_field_bytes`` gives (here L = 8: a block count per 256
+    entries, a byte per index)."""
+    layout = S.Layout(1, 4)
+    net = S.Network(inter=None, local=LINK)
+    case = S.StepCase("allgather_coded", theta=10)
+    fields = (16 + 200) + (24 + 304)               # w1: 8 blocks, 200 lows; w2: 12, 300
+    assert [sizes.index_field_bytes(n, k) for n, k in zip(TINY.comp, TINY.kept(10))] == \
+        [16 + 200, 24 + 304]
+    chunk = 8 * (4 + 2) + 4 * 500 + fields
+    assert TINY.chunk_bytes(10, coded=True) == chunk < TINY.chunk_bytes(10)
+    rounds = S.step_rounds(case, TINY, layout)
+    assert [[(c.kind, c.group, c.nbytes) for c in r] for r in rounds] == [
+        [("allgather", "world", chunk), ("allreduce", "world", 40), ("allreduce", "world", 32)]]
+    assert S.comm_time(case, TINY, layout, net) == approx(
+        3 * A + 3 * chunk * B + 6 * A + 1.5 * (40 + 32) * B)
+    assert S.recorded_bytes(case, TINY, layout) == chunk + 40
+    # a GraVAC step sent dense: the allgather's dense step, nothing coded
+    dense = S.StepCase("allgather_coded", theta=1.0, theta_min=10, sent="dense", gains=True)
+    plain = dataclasses.replace(dense, exchange="allgather")
+    assert S.comm_time(dense, TINY, layout, net) == S.comm_time(plain, TINY, layout, net)
+    assert S.recorded_bytes(dense, TINY, layout) == S.recorded_bytes(plain, TINY, layout)
+    # its local work: the coded pipeline's fit where measured, else the allgather's
+    costs = S.CompressionCosts(pipeline=(1.0, 2.0, 3.0, 4.0, 5.0), select=(6.0, 7.0, 8.0),
+                               check=(16.0, 17.0))
+    coded_costs = dataclasses.replace(costs, pipeline_coded=(1.5, 2.5, 3.5, 4.5, 5.5))
+    ag = S.StepCase("allgather", theta=10)
+    assert S.local_time(case, TINY, layout, costs) == S.local_time(ag, TINY, layout, costs)
+    assert S.local_time(case, TINY, layout, coded_costs) == \
+        S.local_time(ag, TINY, layout, dataclasses.replace(costs, pipeline=(1.5, 2.5, 3.5,
+                                                                            4.5, 5.5)))
+    assert coded_costs.scaled(2.0).pipeline_coded == (3.0, 5.0, 7.0, 9.0, 11.0)
+
+
+def _topk_selection(numel: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(numel, generator=g)
+    idx = torch.topk(x.abs(), k).indices
+    return x[idx], idx
+
+
+@pytest.mark.parametrize("theta", [1.5, 3, 10, 100, 1000])
+def test_engine_bytes_equal_the_models_for_every_exchange(theta):
+    """What the engine packs (SparseCodec, plain and with index_coding; shared_index's
+    index fields by index_codec.plan) is, byte for byte, what the model prices for every
+    exchange kind of the engine's list."""
+    from gravac.compressors import num_kept
+    from gravac.engine.codec import SparseCodec, SparseLayer
+    from gravac.engine.index_codec import plan
+
+    shapes = [("emb", (300, 500)), ("w", (70, 1000)), ("v", (3, 1030)), ("b", (100,))]
+    model = S.ModelShapes.from_params(shapes, name="mixed")
+    layers = [SparseLayer(n, math.prod(s), torch.float32) for n, s in shapes
+              if math.prod(s) >= 1024]
+    selection = [_topk_selection(l.numel, num_kept(l.numel, theta), i)
+                 for i, l in enumerate(layers)]
+    layout = S.Layout(2, 2)
+    packed = {coded: SparseCodec(layers, index_coding=coded).pack(selection)[0].numel()
+              for coded in (False, True)}
+    assert packed[True] < packed[False] or theta < 3     # coded indices: fewer bytes
+    for kind in EXCHANGE_KINDS:
+        case = S.StepCase(kind, theta=theta)
+        recorded = S.recorded_bytes(case, model, layout)
+        if kind in ("allgather", "allgather_coded", "hierarchical"):
+            chunk = packed[kind == "allgather_coded"]
+            assert model.chunk_bytes(theta, coded=kind == "allgather_coded") == chunk
+            sparse = [c for r in S.step_rounds(case, model, layout) for c in r
+                      if c.what == "sparse"]
+            assert [c.nbytes for c in sparse] == [chunk]
+            assert recorded == chunk + 4 * model.n_dense
+        else:
+            index = 8 * len(layers) + sum(plan(l.numel, int(i.numel())).nbytes
+                                          for l, (_, i) in zip(layers, selection))
+            assert S.index_buffer_bytes(model, theta, None) == index
+            assert recorded == index + 4 * sum(int(i.numel()) for _, i in selection) \
+                + 4 * model.n_dense
+    assert set(EXCHANGE_KINDS) <= set(S.EXCHANGES)
 
 
 def test_hierarchical_by_hand():
@@ -192,7 +285,7 @@ def test_local_time_by_hand():
     assert S.local_time(two_level, TINY, S.Layout(1, 1), costs, solo=costs.scaled(3.0)) == \
         approx(S.local_time(two_level, TINY, S.Layout(1, 1), costs) + 2 * leader)
     # Random-k with a shared seed has no leader: every rank draws the indices itself
-    seeded = S.replace(two_level, shared_selection=True)
+    seeded = dataclasses.replace(two_level, shared_selection=True)
     assert S.local_time(seeded, TINY, layout, costs, solo=costs.scaled(3.0)) == \
         S.local_time(seeded, TINY, layout, costs)
 
@@ -200,7 +293,10 @@ def test_local_time_by_hand():
 def test_doctests():
     import doctest
 
-    assert doctest.testmod(S).failed == 0
+    for name in S.MODULES:
+        module = importlib.import_module(f"benchmarks.scaling.{name}")
+        assert doctest.testmod(module).failed == 0, name
+    assert doctest.testmod(sizes).failed == 0
 
 
 def test_contention():
@@ -365,11 +461,13 @@ def test_validate_stretches_cpu_work_by_the_lockstep_factors(tmp_path):
         "step_factor": 1.5, "own_factor": 1.0, "sync_s": 0.0}}}
     solo_sharing = S.CpuSharing.from_calibration(solo_cal)
     assert solo_sharing.solo == 1.5 and sharing.solo is None
-    _, local, solo = S._shared_cpu(run, 0.011, None, 2, costs, solo_sharing, None)
+    from benchmarks.scaling.validation import _shared_cpu
+    _, local, solo = _shared_cpu(run, 0.011, None, 2, costs, solo_sharing, None)
     assert local == costs.scaled(4.0) and solo == costs.scaled(1.5)
     # costs measured by several processes at once already hold contention: refused
     with pytest.raises(S.CliError, match="without --procs"):
-        S.check_run(run, net, S.replace(costs, ranks=4), S.Layout(1, 2), None, 2, 2, sharing)
+        S.check_run(run, net, dataclasses.replace(costs, ranks=4), S.Layout(1, 2), None, 2, 2,
+                    sharing)
 
 
 # -- crossovers and the properties docs/SCALING.md relies on --------------------------------------
@@ -384,7 +482,7 @@ def test_allgather_stops_beating_dense_at_n_equal_theta(theta):
     assert S.crossover_n(S.StepCase("allgather", theta=theta), ONE_BIG, 1, net) == theta
     assert S.allgather_crossover_exact(theta, 1e6, S.Link(0.0, 8e-10)) == pytest.approx(theta)
     # the closed form with the header: just under θ
-    h = S.chunk_bytes(1, 0)
+    h = sizes.chunk_header_bytes(1)          # a chunk with no entries: its header
     assert theta - 1 < S.allgather_crossover_exact(theta, 1e6, S.Link(0.0, 8e-10), h) < theta
 
 
@@ -394,7 +492,7 @@ def test_crossover_scans_match_the_closed_forms(theta):
     link = S.Link(25e-6, 8e-10)
     net = S.Network(inter=link, local=None)
     big = S.ModelShapes.from_params([("w", (5000, 5000))])
-    exact = S.allgather_crossover_exact(theta, big.n_comp, link, S.chunk_bytes(1, 0), 1)
+    exact = S.allgather_crossover_exact(theta, big.n_comp, link, sizes.chunk_header_bytes(1), 1)
     assert S.crossover_n(S.StepCase("allgather", theta=theta), big, 1, net) == math.ceil(exact)
     for gains in (False, True):
         approx_n = S.shared_index_crossover_approx(theta, big.n_comp, link, gains)
@@ -493,6 +591,8 @@ def test_cli_project(tmp_path):
     assert proc.returncode == 0, proc.stderr
     text = out.read_text()
     assert "### tiny" in text and "Crossover N" in text and "allgather 10x" in text
+    # every exchange the engine offers is projected by default, the coded allgather too
+    assert all(f"| {kind} 10x |" in text for kind in EXCHANGE_KINDS)
     assert (tmp_path / "scaling_tiny.png").stat().st_size > 0
     data = json.loads(js.read_text())["models"][0]
     assert data["compute_s"] == pytest.approx(0.01)
@@ -510,6 +610,9 @@ def test_cli_measure_compression(tmp_path):
     assert len(costs.pipeline) == 5 and len(costs.powersgd) == 4
     assert all(c >= 0 for c in costs.pipeline)
     assert len(doc["samples"]["pipeline"]) == 2 * 2 * 2
+    # allgather_coded's pipeline (its indices coded and decoded) is measured beside it
+    assert len(costs.pipeline_coded) == 5 and all(c >= 0 for c in costs.pipeline_coded)
+    assert len(doc["samples"]["pipeline_coded"]) == 2 * 2 * 2
 
 
 def test_cli_measure_compression_concurrent(tmp_path):
@@ -651,8 +754,128 @@ def test_scaling_doc_commands_exist():
                    "project"}
     used = set()
     for line in doc.splitlines():
-        if "benchmarks/scaling.py " in line:
-            word = line.split("benchmarks/scaling.py ", 1)[1].split()[0]
+        if "benchmarks/scaling " in line:
+            word = line.split("benchmarks/scaling ", 1)[1].split()[0]
             used.add(word.strip("`'\",.;:()"))
     assert used and used <= subcommands, used - subcommands
     assert subcommands - {"measure-collectives"} <= used
+
+
+# -- exchanges in run configs -----------------------------------------------------------------
+CAL = {"kind": "gravac.scaling.calibration", "hosts": 1, "slots": 2, "n": 2,
+       "links": {"local": {"allreduce": {"alpha_s": 1e-4, "beta_s_per_byte": 1e-9},
+                           "allgather": {"alpha_s": 2e-4, "beta_s_per_byte": 1e-9}}}}
+
+
+def test_every_exchange_of_a_config_is_priced(tmp_path):
+    from gravac.train.config import load_config
+
+    for kind in EXCHANGE_KINDS:
+        path = tmp_path / f"{kind}.yaml"
+        path.write_text(CONFIG.replace("cf: 10}", f"cf: 10, exchange: {kind}}}"))
+        cfg = load_config([path])
+        assert S.exchange_of(cfg) == kind
+        case = S.case_of({"sent": "min", "cf": 10.0, "theta_min": 10.0}, cfg, kind)
+        assert case.exchange == kind and case.theta == 10.0
+        assert S.comm_time(case, TINY, S.Layout(2, 2), S.Network(LINK, LINK)) > 0
+
+
+def test_an_allgather_coded_run_is_validated(tmp_path, capsys):
+    from gravac.train.config import load_config
+
+    config = CONFIG.replace("cf: 10}", "cf: 10, exchange: allgather_coded}")
+    (tmp_path / "c.yaml").write_text(config)
+    model = S.shapes_from_config(load_config([tmp_path / "c.yaml"]))
+    case = S.StepCase("allgather_coded", theta=10)
+    net = S.Network.from_calibration(CAL)
+    expect = S.step_time(case, model, S.Layout(1, 2), net, S.NO_LOCAL, 0.011).total
+    run = _write_run(tmp_path / "coded", expect, config=config)
+    check = S.check_run(run, net, S.NO_LOCAL, S.Layout(1, 2), None, 2, 2)
+    assert check.exchange == "allgather_coded" and check.error == pytest.approx(0.0, abs=1e-12)
+    # its chunk is smaller than the plain allgather's: so is the predicted communication
+    plain = S.comm_time(S.StepCase("allgather", theta=10), model, S.Layout(1, 2), net)
+    assert check.parts.comm < plain
+    cal_path = tmp_path / "cal.json"
+    cal_path.write_text(json.dumps(CAL))
+    assert S.main(["validate", str(run), "--calibration", str(cal_path), "--warmup", "2"]) == 0
+    assert "| allgather_coded |" in capsys.readouterr().out
+
+
+def test_an_exchange_the_model_does_not_know_is_one_line(tmp_path, capsys):
+    from types import SimpleNamespace
+
+    cfg = SimpleNamespace(compression=SimpleNamespace(
+        controller="static", compressor="topk", dense_wire="native", overlap=False,
+        ddp_powersgd_rank=None, exchange="ring"))
+    with pytest.raises(S.CliError, match="compression.exchange='ring'"):
+        S.exchange_of(cfg)
+    # a run directory whose config names it: the config's own error, as one line
+    run = _write_run(tmp_path / "ring", 0.1,
+                     config=CONFIG.replace("cf: 10}", "cf: 10, exchange: ring}"))
+    cal_path = tmp_path / "cal.json"
+    cal_path.write_text(json.dumps(CAL))
+    assert S.main(["validate", str(run), "--calibration", str(cal_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "exchange" in err[0] and "ring" in err[0], err
+    # a layout the calibration has no link for (2 hosts, a 1-host calibration): one line
+    good = _write_run(tmp_path / "good", 0.1, world=4)
+    assert S.main(["validate", str(good), "--calibration", str(cal_path), "--hosts", "2",
+                   "--slots", "2", "--warmup", "2", "--compute", "0.01"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no inter link" in err[0], err
+
+
+def test_both_ways_of_running_the_package():
+    """``python -m benchmarks.scaling`` from the repository root, and the folder from
+    anywhere (run_cli above)."""
+    proc = subprocess.run([PY, "-m", "benchmarks.scaling", "calibrate", "--help"], cwd=REPO,
+                          capture_output=True, text=True, timeout=HANG_GUARD)
+    assert proc.returncode == 0 and "benchmarks/scaling calibrate" in proc.stdout, proc.stderr
+
+
+# -- the shared size arithmetic ----------------------------------------------------------------
+def test_sizes_imports_no_torch():
+    """gravac/util/sizes.py loads and computes with torch and NumPy unimportable, and
+    imports nothing but the standard library's math and typing."""
+    path = REPO / "gravac/util/sizes.py"
+    imported = {a.name for node in ast.walk(ast.parse(path.read_text()))
+                if isinstance(node, ast.Import) for a in node.names}
+    imported |= {node.module for node in ast.walk(ast.parse(path.read_text()))
+                 if isinstance(node, ast.ImportFrom)}
+    assert imported <= {"__future__", "math", "typing"}, imported
+    code = (
+        "import importlib.util, sys\n"
+        "sys.modules['torch'] = sys.modules['numpy'] = None     # any import of them fails\n"
+        f"spec = importlib.util.spec_from_file_location('sizes', {str(path)!r})\n"
+        "sizes = importlib.util.module_from_spec(spec)\n"
+        "spec.loader.exec_module(sizes)\n"
+        "print(sizes.sparse_chunk_bytes([2000, 3000], [200, 300], coded=True),\n"
+        "      sizes.rank_for_cf(100, 300, 18.75), sizes.num_kept(1000, 10))\n")
+    proc = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=HANG_GUARD)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["2592", "4", "100"]
+
+
+def test_the_engine_and_compressors_use_sizes():
+    """One definition: the names other code imports from the compressors and the codecs
+    are sizes.py's own functions, and the codecs' dtypes are of sizes.py's byte sizes."""
+    import gravac.compressors as compressors
+    from gravac.compressors import powersgd
+    from gravac.engine import codec, index_codec
+
+    assert compressors.num_kept is sizes.num_kept
+    for name in ("matrix_shape", "compression_factor", "rank_for_cf"):
+        assert getattr(powersgd, name) is getattr(sizes, name)
+    assert codec._HEADER_FIELDS == sizes.CHUNK_HEADER_FIELDS
+    assert index_codec._pad8 is sizes.pad8
+    assert {bits: (c.itemsize, low.itemsize) for bits, (c, low) in index_codec._PARTS.items()} \
+        == sizes.INDEX_FIELD_PARTS
+    for numel, capacity in [(10, 0), (10, 3), (2000, 200), (3000, 300), (70_000, 7_000),
+                            (2_560_000, 2_560), (2_560_000, 256_000)]:
+        field = index_codec.plan(numel, capacity)
+        assert (field.low_bits, field.nbytes) == sizes.index_field_layout(numel, capacity)
+    # the plain chunk's index dtype: int64 from a layer of 2**31 entries on
+    layers = [codec.SparseLayer("a", 2**31 - 1, torch.float32)]
+    assert codec.SparseCodec(layers).index_dtype == torch.int32
+    layers.append(codec.SparseLayer("b", 2**31, torch.float32))
+    assert codec.SparseCodec(layers).index_dtype == torch.int64

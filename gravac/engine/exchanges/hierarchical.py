@@ -25,8 +25,8 @@ from typing import Sequence
 import torch
 
 from ...comm import Comm
-from ...compressors import num_kept
 from ...controllers import SENT_CANDIDATE
+from ...util.sizes import num_kept
 from ..layers import Layer
 from ..phases import PhaseClock
 from .allgather import AllgatherExchange

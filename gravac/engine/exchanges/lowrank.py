@@ -20,8 +20,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ...compressors.powersgd import matrix_shape, orthogonalize_, rank_for_cf
+from ...compressors.powersgd import orthogonalize_
 from ...controllers import SENT_CANDIDATE
+from ...util.sizes import matrix_shape, rank_for_cf
 from ..layers import Layer
 from ..phases import PhaseClock
 from .base import Exchange, Pending, SentLayer, grouped_average

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from ...compressors import num_kept
+from ...util.sizes import num_kept
 from .. import index_codec
 from ..layers import Layer
 from ..phases import PhaseClock
