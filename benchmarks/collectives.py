@@ -1,5 +1,5 @@
 """Time gravac's own collectives (``gravac.comm``) on the ranks of a launch: the
-measurements ``benchmarks/scaling.py calibrate`` fits the α-β links of the cost model to.
+measurements ``benchmarks/scaling calibrate`` fits the α-β links of the cost model to.
 
 Runs as every rank's program under a launcher (horovodrun or torchrun; one process alone
 works too, and measures nothing but call overhead). For each group of ranks the step
@@ -41,7 +41,7 @@ it alone) and then a 4-byte allreduce, as a training step does its compute and l
 compression before a collective. With more ranks than cores such a step takes more than W:
 the cores are shared, the ranks finish at different moments and the collective waits for
 the last, background threads (Horovod's cycle, Gloo, the sandbox's network) take their
-share. ``scaling.py calibrate`` fits step = sync + factor·W per kind of work, and
+share. ``benchmarks/scaling calibrate`` fits step = sync + factor·W per kind of work, and
 ``validate`` stretches compute and local work by these factors instead of assuming
 ranks/cores. A third kind, "stream_solo", has one rank per step do the work while the
 others wait: how fast the shared_index exchange's leader selects for everyone.
@@ -242,7 +242,7 @@ def measure_lockstep(comm, works_ms, repeats: int, kinds=WORK_KINDS) -> dict:
     ranks than cores a step takes more than W: the cores are shared (about ranks/cores),
     the ranks finish their work at different moments and the collective waits for the
     last (skew), and background threads (Horovod's cycle, Gloo, the sandbox's network)
-    take their share. ``scaling.py calibrate`` fits step = sync + factor·W."""
+    take their share. ``benchmarks/scaling calibrate`` fits step = sync + factor·W."""
     import torch
 
     flag = torch.zeros(1)

@@ -1,5 +1,5 @@
 """benchmarks/collectives.py's lockstep measurement (the CPU phase of a step in a layout,
-``scaling.py calibrate`` fits it): on one process, and its merge of several ranks' rows."""
+``benchmarks/scaling calibrate`` fits it): on one process, and its merge of several ranks' rows."""
 from __future__ import annotations
 
 import sys
