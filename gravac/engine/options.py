@@ -97,20 +97,14 @@ class GravacOptions:
                  "must be a positive int (samples per rank per step) or None")
         _require(bool(self.name_prefix), "name_prefix", self.name_prefix,
                  "must be a non-empty string")
-        _require(self.exchange not in EXCHANGES or EXCHANGES[self.exchange].overlaps
-                 or not self.overlap, "exchange", self.exchange,
+        _require(EXCHANGES[self.exchange].overlaps or not self.overlap, "exchange", self.exchange,
                  "cannot be combined with overlap=true (its step needs every gradient before "
                  "its first collective); set overlap to false or exchange to allgather")
         default = type(self)()
-        _require(self.overlap or (self.bucket_cap_mb == default.bucket_cap_mb and
-                                  self.backward_passes_per_step ==
-                                  default.backward_passes_per_step),
-                 "bucket_cap_mb" if self.bucket_cap_mb != default.bucket_cap_mb
-                 else "backward_passes_per_step",
-                 self.bucket_cap_mb if self.bucket_cap_mb != default.bucket_cap_mb
-                 else self.backward_passes_per_step,
-                 "takes effect with overlap=true only (without it, step() sends whatever the "
-                 "backward passes accumulated)")
+        for name in ("bucket_cap_mb", "backward_passes_per_step"):
+            _require(self.overlap or getattr(self, name) == getattr(default, name), name,
+                     getattr(self, name), "takes effect with overlap=true only (without it, "
+                     "step() sends whatever the backward passes accumulated)")
         return self
 
     def check_with(self, compressor) -> "GravacOptions":

@@ -370,8 +370,7 @@ class StepEngine:
             if not bad_ranks:
                 dense = list(state.held_dense)
                 payload = self._settle(state, state.held, sent, dense)
-                self._start(state, payload, dense, self._tag("held"),
-                            flags=None if state.flags_agreed else self.flags(state.local_bad))
+                self._start(state, payload, dense, self._tag("held"))   # flags agreed
         if not bad_ranks and not state.flags_agreed and state.flags_carrier is None:
             # No group carried the flags: one more tiny allreduce, beside the exchange.
             flags = self.comm.allreduce_async(self.flags(state.local_bad), op="sum",
