@@ -290,14 +290,6 @@ def wrap_optimizer(optimizer, named_parameters, comm: Comm, compressor="topk", c
     return cls(optimizer.param_groups, named_parameters, comp, ctrl, comm, opts, host_of_rank)
 
 
-def options_doc() -> str:
-    """The options' docs, for the front ends' docstrings (one definition of each)."""
-    lines = []
-    for f in dataclasses.fields(GravacOptions):
-        lines.append(f"        {f.name} (default {f.default!r}): {f.metadata['doc']}")
-    return "\n".join(lines)
-
-
 def broadcast_optimizer_state(optimizer, comm: Comm, root: int = 0) -> None:
     """Give every rank ``root``'s optimizer state (momentum, ...) over any ``Comm``, as
     Horovod's ``broadcast_optimizer_state``. gravac's per-rank state (residuals, the

@@ -17,6 +17,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import textwrap
 import typing
 from dataclasses import dataclass, field
 from typing import Literal, get_args
@@ -125,6 +126,14 @@ class GravacOptions:
     def config_fields(cls) -> list[dataclasses.Field]:
         """The fields a config file's ``compression`` section takes."""
         return [f for f in dataclasses.fields(cls) if f.metadata.get("config", True)]
+
+    @classmethod
+    def doc(cls, indent: int = 8) -> str:
+        """Every option with its default and doc, wrapped: the front ends' docstrings."""
+        return "\n".join(textwrap.fill(f"{f.name} (default {f.default!r}): {f.metadata['doc']}",
+                                        width=88, initial_indent=" " * indent,
+                                        subsequent_indent=" " * (indent + 4))
+                          for f in dataclasses.fields(cls))
 
     def describe(self) -> dict:
         """What every rank must agree on (the set-up agreement): the buckets' cut with

@@ -12,7 +12,8 @@ from __future__ import annotations
 import horovod.torch as hvd
 
 from ..comm.horovod import HorovodComm
-from ..engine.optimizer import options_doc, wrap_optimizer
+from ..engine.optimizer import wrap_optimizer
+from ..engine.options import GravacOptions
 
 
 def DistributedOptimizer(optimizer, named_parameters, compressor="topk", controller=None,
@@ -68,4 +69,4 @@ def DistributedOptimizer(optimizer, named_parameters, compressor="topk", control
                           **options)
 
 
-DistributedOptimizer.__doc__ += "\n    Options:\n" + options_doc() + "\n"
+DistributedOptimizer.__doc__ += "\n    Options:\n" + GravacOptions.doc() + "\n"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from ..comm.torchdist import TorchDistComm
 from ..engine.optimizer import wrap_optimizer
+from ..engine.options import GravacOptions
 
 
 def DistributedOptimizer(optimizer, named_parameters, compressor="topk", controller=None,
@@ -38,3 +39,6 @@ def DistributedOptimizer(optimizer, named_parameters, compressor="topk", control
     return wrap_optimizer(optimizer, named_parameters, TorchDistComm(group),
                           compressor=compressor, controller=controller,
                           compressor_options=compressor_options, **options)
+
+
+DistributedOptimizer.__doc__ += "\n    Options:\n" + GravacOptions.doc() + "\n"

@@ -92,3 +92,11 @@ def test_options_registry_and_config_section_are_one_definition():
     assert "lowrank" in EXCHANGES and "lowrank" not in EXCHANGE_KINDS
     for kind in EXCHANGE_KINDS:
         assert EXCHANGES[kind].__module__.rsplit(".", 1)[1] in (kind, "allgather")
+
+
+def test_both_front_ends_document_every_option_from_the_one_definition():
+    import gravac
+    import gravac.torch
+    for front_end in (gravac.DistributedOptimizer, gravac.torch.DistributedOptimizer):
+        for f in dataclasses.fields(GravacOptions):
+            assert f"{f.name} (default {f.default!r}):" in front_end.__doc__
