@@ -30,7 +30,7 @@ from ...util.sizes import num_kept
 from ..layers import Layer
 from ..phases import PhaseClock
 from .allgather import AllgatherExchange
-from .base import Exchange, SentLayer
+from .base import Exchange, SentLayer, grouped_average
 from .shared_index import shard_layers
 
 
@@ -117,12 +117,8 @@ class HierarchicalExchange(Exchange):
         if hc.size == 1:
             return
         clock.lap("t_check", sync=True)
-        groups: dict[torch.dtype, list[Layer]] = {}
-        for layer in self._layers:
-            groups.setdefault(layer.param.grad.dtype, []).append(layer)
-        handles = [hc.grouped_allreduce_async_([l.param.grad for l in groups[d]], op="average",
-                                               name=f"{self.prefix}.host_avg{i}")
-                   for i, d in enumerate(sorted(groups, key=str))]
+        handles, _ = grouped_average(hc, f"{self.prefix}.host_avg",
+                                     [l.param.grad for l in self._layers])
         for h in handles:
             h.wait()
         clock.lap("t_wait_exchange", sync=True)
