@@ -15,6 +15,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from gravac.util.sizes import COLLECTIVES, collective_terms  # noqa: F401 (re-exported)
+
 #: bits in a Gbit (link rates are given in Gbit/s)
 GBIT = 1e9
 
@@ -45,38 +47,6 @@ class Link:
 
     def describe(self) -> str:
         return f"α {self.alpha_s * 1e6:.1f} µs, {self.gbit_per_s:.3g} Gbit/s"
-
-
-#: "allreduce_fp16": an allreduce of float16 values (Horovod's fp16 compression), priced
-#: as a ring allreduce on a link of its own: Gloo sums fp16 on the CPU element by element,
-#: slower per byte than fp32 (calibrated where measured, else the allreduce's link).
-COLLECTIVES = ("allreduce", "allgather", "broadcast", "allreduce_fp16")
-
-
-def collective_terms(kind: str, nbytes: float, n: int) -> tuple[float, float]:
-    """(latency count, bytes through the slowest link) of one collective over ``n``
-    ranks; its time is α·first + β·second. ``nbytes``: the buffer (allreduce, broadcast)
-    or each rank's contribution (allgather). One rank or no bytes: nothing is sent.
-
-    * ring allreduce (Gloo's): 2(n−1) steps of B/n bytes: 2(n−1)α + 2(n−1)/n·B·β;
-    * ring allgather: n−1 steps of B: (n−1)α + (n−1)·B·β;
-    * broadcast, Gloo's binomial tree: ⌈log2 n⌉ rounds of B: ⌈log2 n⌉·(α + B·β).
-
-    >>> collective_terms("allreduce", 100, 4), collective_terms("allgather", 100, 4)
-    ((6, 150.0), (3, 300))
-    >>> collective_terms("broadcast", 100, 5)
-    (3, 300)
-    """
-    if n <= 1 or nbytes <= 0:
-        return (0, 0)
-    if kind in ("allreduce", "allreduce_fp16"):
-        return (2 * (n - 1), 2 * (n - 1) / n * nbytes)
-    if kind == "allgather":
-        return (n - 1, (n - 1) * nbytes)
-    if kind == "broadcast":
-        rounds = math.ceil(math.log2(n))
-        return (rounds, rounds * nbytes)
-    raise ValueError(f"collective must be one of {', '.join(COLLECTIVES)}, got {kind!r}")
 
 
 def ring_allreduce_time(nbytes: float, n: int, link: Link) -> float:
