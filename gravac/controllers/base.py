@@ -15,9 +15,11 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Protocol
+from typing import Any, Mapping, Protocol, Sequence
 
 import torch
+
+from .methods import Method
 
 SENT_CANDIDATE, SENT_MIN, SENT_DENSE = "candidate", "min", "dense"
 #: How a compression level's gain is measured (docs/ALGORITHM.md §7, "gain measure").
@@ -58,6 +60,8 @@ class StepPlan:
         controller knows it before the step (GraVAC ``decide="previous"``); the gains are
         then still agreed and given to ``decide`` (whose answer is not used), and the
         optimizer may send layers during backward. None: ``decide`` chooses after the gains.
+    method: the method the step runs (``methods.Method``: dense, fp16, a PowerSGD rank, a
+        sparse CF), chosen by ``Auto``; None: the optimizer's own compressor and exchange.
     gain_measure: how gains are measured (``GAIN_MEASURES``): ``"energy"``,
         Σ‖g_c‖² / Σ‖g_ef‖² (the paper's Algorithm 1), or ``"norm"``, Σ‖g_c‖ / Σ‖g‖ over
         layers with the raw gradient g (no residual) below (the authors' public code).
@@ -70,6 +74,7 @@ class StepPlan:
     needs_gains: bool = False
     gain_measure: str = "energy"
     decided: str | None = None
+    method: Method | None = None
 
     def cf_of(self, name: str) -> float:
         if self.layer_cf is not None and name in self.layer_cf:
@@ -102,9 +107,17 @@ class Controller(ABC):
     observes_gradients = False
     #: plans carry PowerSGD ranks (``StepPlan.layer_rank``): needs a low-rank compressor
     uses_ranks = False
+    #: the methods its plans may name (``StepPlan.method``; Auto): the engine prepares the
+    #: compressor and exchange of each
+    methods: Sequence[Method] = ()
 
     def bind(self, layer_names: list[str], sync: Sync) -> None:
         """Called once by the optimizer with the compressed layers' names and its Sync."""
+
+    def observe_layers(self, shapes: Mapping[str, tuple], other_numel: int,
+                       exchange: str) -> None:
+        """Called once by the engine: the compressed layers' shapes, the elements of the
+        layers sent dense, and the configured sparse exchange (Auto predicts bytes)."""
 
     def rebind(self, layer_names: list[str], sync: Sync) -> None:
         """Bind to a new Sync after the ranks changed (an elastic reset), keeping what was

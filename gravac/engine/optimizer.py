@@ -42,7 +42,7 @@ class DistributedOptimizerMixin:
     def __init__(self, params, named_parameters, compressor, controller, comm: Comm,
                  options: GravacOptions, host_of_rank=None):
         super().__init__(params)
-        options.check_with(compressor)
+        options.check_with(compressor, controller)
         self.options = options
         self._prefix = options.name_prefix
         layers = build_layers(self.param_groups, named_parameters, options.min_compress_numel,
@@ -123,8 +123,9 @@ class DistributedOptimizerMixin:
         """
         self._engine.rebind(comm)
         self._agree()
-        comp = self._engine.compressor
-        if comp.is_lowrank:
+        for comp in self._engine.compressors:
+            if not comp.is_lowrank:
+                continue
             # A joining process has no Q (or an older one): rank 0's, moved on first use.
             # (Pickled from the CPU: a GPU tensor would unpickle onto the sender's GPU.)
             state = comp.state_dict()

@@ -108,9 +108,18 @@ class GravacOptions:
                      "step() sends whatever the backward passes accumulated)")
         return self
 
-    def check_with(self, compressor) -> "GravacOptions":
-        """``check()``, and the rules between these options and ``compressor``."""
+    def check_with(self, compressor, controller=None) -> "GravacOptions":
+        """``check()``, and the rules between these options, ``compressor`` and the
+        methods ``controller`` may choose (``Auto``)."""
         self.check()
+        kinds = {m.kind for m in getattr(controller, "methods", ())}
+        _require(not (self.overlap and kinds), "overlap", self.overlap,
+                 f"cannot be combined with controller {controller!r}: it switches between "
+                 "methods, and PowerSGD's rounds (P, then Q) run in step(); set overlap to "
+                 "false")
+        _require("sparse" not in kinds or not (compressor.is_dense or compressor.is_lowrank),
+                 "compressor", compressor.name, f"controller {controller!r} chooses sparse "
+                 "methods, which take a sparsifier: topk, dgc, redsync or randomk")
         default = type(self)().exchange
         _require(self.exchange == default or not (compressor.is_dense or compressor.is_lowrank),
                  "exchange", self.exchange, f"moves sparse selections; compressor "

@@ -8,6 +8,7 @@ each with a ``kind`` (``KINDS``):
                      ``StepStats`` (gravac/engine/record.py) plus the loop's own measures
 * ``eval``           an evaluation (loss, top1/top5 or perplexity, a task's own metrics)
 * ``window``         a GraVAC window decision (θmin, θc, δmin, δc, the throughput table)
+* ``method``         an ``Auto`` event: a method measured, pruned or chosen
 * ``nonfinite``      a step skipped on every rank for a NaN/Inf gradient
 * ``elastic_reset``  Horovod Elastic changed the ranks (instead of a second run_start)
 * ``run_end``        the run finished (its final evaluation)
@@ -72,7 +73,7 @@ def _kind(name: str, fields: dict[str, str], more: str | None = None) -> RecordK
     return RecordKind(name, MappingProxyType(fields), more)
 
 
-RUN_START, STEP, EVAL, WINDOW = "run_start", "step", "eval", "window"
+RUN_START, STEP, EVAL, WINDOW, METHOD = "run_start", "step", "eval", "window", "method"
 NONFINITE, ELASTIC_RESET, RUN_END = "nonfinite", "elastic_reset", "run_end"
 
 #: Every field of a "step" line, in order, with its TensorBoard tag (None: not plotted).
@@ -81,7 +82,7 @@ NONFINITE, ELASTIC_RESET, RUN_END = "nonfinite", "elastic_reset", "run_end"
 STEP_COLUMNS = (
     ("step", None), ("epoch", None), ("time", None), ("world_size", None),
     ("loss", "train/loss"), ("lr", "train/lr"), ("samples_per_sec", "train/samples_per_sec"),
-    ("sent", None), ("cf", "compression/cf_sent"), ("cf_actual", "compression/cf_actual"),
+    ("sent", None), ("method", None), ("cf", "compression/cf_sent"), ("cf_actual", "compression/cf_actual"),
     ("theta_min", "compression/theta_min"),
     ("theta_c", "compression/theta_c"), ("gain_min", "compression/gain_min"),
     ("gain_c", "compression/gain_c"), ("delta_min", "compression/delta_min"),
@@ -99,7 +100,8 @@ TENSORBOARD_TAGS = {tag: name for name, tag in STEP_COLUMNS if tag is not None}
 #: The step fields the training loop measures itself (the rest come from StepStats).
 LOOP_MEASURED = ("step", "epoch", "time", "loss", "lr", "world_size", "cum_floats_sent",
                  "cum_dense_floats", "t_iter", "samples_per_sec")
-_STEP_TYPES = {"step": STEP_INDEX, "epoch": INT, "world_size": INT, "sent": SENT}
+_STEP_TYPES = {"step": STEP_INDEX, "epoch": INT, "world_size": INT, "sent": SENT,
+               "method": TEXT}
 #: A step's timings in the order tables show them: compute, the local phases and their
 #: sum, the waits and their sum, the update, the whole step.
 STEP_TIME_FIELDS = ("t_compute", *LOCAL_PHASES, "t_compress", *WAIT_PHASES, "t_comm",
@@ -120,6 +122,13 @@ KINDS: Mapping[str, RecordKind] = MappingProxyType({k.name: k for k in (
                        delta_min=NUMBER, delta_c=NUMBER, settled=FLAG, on_dense=FLAG,
                        reprobe=FLAG, scaled_up=FLAG, advanced=FLAG, window=INT,
                        table=CF_TABLE)),
+    # Auto's events (gravac/controllers/auto.py ``decisions``): "measured" (a trial's or
+    # a run's table entry: median step time t, its waits t_comm, the mean gain and the
+    # next CF's gain_next over steps), "pruned" (with the reason), "chosen" (score =
+    # gain / t, and every measured method's score). Several may share a step.
+    _kind(METHOD, dict(time=NUMBER, step=STEP_INDEX, event=TEXT, method=TEXT, reason=TEXT,
+                       t=NUMBER, t_comm=NUMBER, gain=NUMBER, gain_next=NUMBER, steps=INT,
+                       score=NUMBER, round=INT, scores=ANY)),
     _kind(NONFINITE, dict(step=STEP_INDEX, time=NUMBER, ranks=ANY)),
     _kind(ELASTIC_RESET, dict(step=STEP_INDEX, time=NUMBER, world_size=INT,
                               previous_world_size=INT, epoch=INT, batch_in_epoch=INT,

@@ -36,12 +36,13 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .. import compressors as _compressors
 from ..comm import Comm
 from ..controllers import SENT_CANDIDATE, SENT_DENSE, SENT_MIN, Controller, StepPlan, StepRecord
 from ..memory import ResidualMemory, follow_devices
 from .agreement import check_agreement
 from .buckets import BackwardHooks, build_buckets
-from .exchanges import SentLayer, exchange_class
+from .exchanges import EXCHANGES, SentLayer, exchange_class
 from .layers import Layer
 from .options import GravacOptions
 from .phases import PhaseClock, discarded_time
@@ -89,11 +90,17 @@ class StepEngine:
 
     def __init__(self, layers: list[Layer], compressor, controller: Controller, comm: Comm,
                  options: GravacOptions, host_of_rank=None, step_context=None):
-        options.check_with(compressor)
+        options.check_with(compressor, controller)
         self.layers, self.compressor, self.controller = layers, compressor, controller
         self.comm, self.options, self.prefix = comm, options, options.name_prefix
-        self.exchange = exchange_class(options.exchange, compressor)(
+        self.host_of_rank = host_of_rank
+        #: The exchange of the step in progress (a plan naming a method picks its own).
+        self.exchange = self._default_exchange = exchange_class(options.exchange, compressor)(
             comm, self.prefix, options.dense_wire, compressor, host_of_rank=host_of_rank)
+        self._method_exchanges: dict[str, object] = {}
+        self._lowrank = compressor if compressor.is_lowrank else None
+        if any(m.kind == "powersgd" for m in controller.methods) and self._lowrank is None:
+            self._lowrank = _compressors.get("powersgd")
         self.memory = ResidualMemory()
         self.skipped_steps: list[dict] = []
         self._consecutive_skips = 0
@@ -110,6 +117,9 @@ class StepEngine:
             self.buckets = build_buckets(layers, int(options.bucket_cap_mb * 2**20))
             self.hooks = BackwardHooks(layers, self._on_ready, options.backward_passes_per_step)
         self.controller.bind(self.compressed_layer_names, comm)
+        self.controller.observe_layers(
+            {l.name: tuple(l.param.shape) for l in layers if l.compressible},
+            sum(l.numel for l in layers if not l.compressible), options.exchange)
 
     @property
     def compressed_layer_names(self) -> list[str]:
@@ -128,7 +138,9 @@ class StepEngine:
     def rebind(self, comm: Comm) -> None:
         """Use ``comm`` from now on (an elastic reset); the controller keeps its state."""
         self.comm = comm
-        self.exchange.bind(comm)
+        for exchange in {id(e): e for e in (self._default_exchange, self.exchange,
+                                            *self._method_exchanges.values())}.values():
+            exchange.bind(comm)
         self.reset()
         self.controller.rebind(self.compressed_layer_names, comm)
 
@@ -193,6 +205,7 @@ class StepEngine:
         if lr_decayed:
             self.controller.on_lr_decay()
         plan = self.controller.plan(step)
+        self.exchange = self._exchange_for(plan.method)
         planned = {}
         for layer in self.layers:
             if layer.compressible:
@@ -215,6 +228,34 @@ class StepEngine:
             if self.controller.wants_gradients:
                 self._state.staged = {}
         return self._state
+
+    def _exchange_for(self, method):
+        """The exchange of ``method`` (``StepPlan.method``; None: the configured one), made
+        on first use and kept (its codecs and buffers with it): dense and fp16 by grouped
+        allreduce, PowerSGD by the low-rank exchange, a sparse CF by the exchange that
+        suits the world (``Method.exchange_for``)."""
+        if method is None:
+            return self._default_exchange
+        exchange = self._method_exchanges.get(method.key)
+        if exchange is None:
+            wire, comp = self.options.dense_wire, self.compressor
+            if method.dense:
+                kind, wire = "allgather", ("fp16" if method.kind == "fp16" else "native")
+            elif method.kind == "powersgd":
+                kind, comp = "lowrank", self._lowrank
+            else:
+                kind = method.exchange_for(self.comm.size, self.options.exchange)
+            exchange = EXCHANGES[kind](self.comm, self.prefix, wire, comp,
+                                       host_of_rank=self.host_of_rank)
+            self._method_exchanges[method.key] = exchange
+        return exchange
+
+    @property
+    def compressors(self) -> list:
+        """Every compressor a step may use (the configured one, and PowerSGD's for a
+        controller choosing methods): their state is checkpointed."""
+        separate = self._lowrank is not None and self._lowrank is not self.compressor
+        return [self.compressor, self._lowrank] if separate else [self.compressor]
 
     def _before_buckets(self, state: _Step, t_compute) -> StepStats | None:
         """Without hooks every gradient is here: a controller that observes gradients
@@ -335,7 +376,7 @@ class StepEngine:
         if not sent and not dense:
             return                       # the same on every rank: the plan decides it
         pending = self.exchange.start(sent, dense, tag, flags,
-                                      same_size=self.compressor.exact_count)
+                                      same_size=self.exchange.compressor.exact_count)
         state.clock.lap("t_pack", sync=True)
         if pending.carries_flags:
             state.flags_carrier = pending
@@ -458,7 +499,8 @@ class StepEngine:
             bytes_sent=sum(p.bytes_sent for p in state.pendings) + state.select_bytes,
             t_compute=t_compute, t_compress=clock.local(), t_comm=clock.waits(),
             t_discarded=discarded_time(clock.times, went_dense, bool(state.planned)),
-            **clock.times, layer_cf=layer_cf)
+            **clock.times, layer_cf=layer_cf,
+            method=None if plan.method is None else plan.method.key)
 
     def end_step(self, stats: StepStats, samples: float | None) -> None:
         """Tell the controller how the step went (every rank, same order); fills the
@@ -470,7 +512,7 @@ class StepEngine:
         self.controller.end_step(
             StepRecord(step=stats.step, sent=stats.sent, cf=stats.cf,
                        gain=1.0 if gain is None else gain, t_iter=t_iter,
-                       samples=samples), self.comm)
+                       samples=samples, extra={"t_comm": stats.t_comm}), self.comm)
         summary = self.controller.summary()
         stats.delta_min, stats.delta_c = summary.get("delta_min"), summary.get("delta_c")
 
@@ -553,8 +595,11 @@ class StepEngine:
 
     # -- state ----------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        return {"memory": self.memory.state_dict(), "controller": self.controller.state_dict(),
-                "compressor": self.compressor.state_dict()}
+        state = {"memory": self.memory.state_dict(), "controller": self.controller.state_dict(),
+                 "compressor": self.compressor.state_dict()}
+        if self._lowrank is not None and self._lowrank is not self.compressor:
+            state["lowrank"] = self._lowrank.state_dict()     # Auto's PowerSGD methods' Q
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         # Residuals follow their parameter's device and dtype: a checkpoint written on a
@@ -565,6 +610,8 @@ class StepEngine:
         self.memory.load_state_dict(state["memory"], like=like)
         self.controller.load_state_dict(follow_devices(state["controller"], like))
         self.compressor.load_state_dict(follow_devices(state.get("compressor", {}), like))
+        if self._lowrank is not None and self._lowrank is not self.compressor:
+            self._lowrank.load_state_dict(follow_devices(state.get("lowrank", {}), like))
 
 
 def densify_grad(layer: Layer) -> None:

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from ..engine.run_record import (ANY, CF_TABLE, EVAL, FLAG, INT, KINDS, METRICS_FILE, NUMBER,
-                                 RANKS_DIR, RUN_END, RUN_START, SENT, SENT_VALUES, STEP,
+from ..engine.run_record import (ANY, CF_TABLE, EVAL, FLAG, INT, KINDS, METHOD, METRICS_FILE,
+                                 NUMBER, RANKS_DIR, RUN_END, RUN_START, SENT, SENT_VALUES, STEP,
                                  STEP_INDEX, TEXT, WINDOW, RecordKind)
 
 # Metrics that improve downwards; every other metric (top1, top5, ...) improves upwards.
@@ -60,6 +60,8 @@ class Run:
     windows: list[dict[str, Any]]
     end: dict[str, Any] | None
     label: str = field(default="")
+    #: ``Auto``'s method events (measured, pruned, chosen), in the order logged.
+    method_events: list[dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.label:
@@ -165,6 +167,7 @@ def load_run(run_dir: str | os.PathLike) -> Run:
     start: dict[str, Any] | None = None
     end: dict[str, Any] | None = None
     by_kind: dict[str, dict[int, dict[str, Any]]] = {STEP: {}, EVAL: {}, WINDOW: {}}
+    method_events: dict[tuple, dict[str, Any]] = {}
     for lineno, record in records:
         kind = record["kind"]
         where = f"{path}:{lineno}"
@@ -174,6 +177,10 @@ def load_run(run_dir: str | os.PathLike) -> Run:
         elif kind in by_kind:
             rec = check_record(record, where)
             by_kind[kind][rec["step"]] = rec
+        elif kind == METHOD:
+            # Several per step; a resume logs a step's events again: kept once.
+            rec = check_record(record, where)
+            method_events[(rec["step"], rec.get("event"), rec.get("method"))] = rec
         elif kind == RUN_END:
             end = check_record(record, where)
         # Other kinds (nonfinite, elastic_reset, and what newer trainers may log) are not
@@ -186,7 +193,8 @@ def load_run(run_dir: str | os.PathLike) -> Run:
                            f"(wait for the run to log its first steps)")
     start = start or {}
     return Run(directory=directory, name=_run_name(start, directory), start=start,
-               steps=steps, evals=evals, windows=windows, end=end)
+               steps=steps, evals=evals, windows=windows, end=end,
+               method_events=list(method_events.values()))
 
 
 def load_runs(run_dirs: Iterable[str | os.PathLike]) -> list[Run]:

@@ -81,6 +81,18 @@ def decisions_section(run: Run) -> list[str]:
                           rows) + [""]
 
 
+def method_section(run: Run) -> list[str]:
+    """Markdown lines: what ``controller: auto`` measured, pruned and chose, in order."""
+    rows = [[str(e["step"]), e.get("event") or DASH, e.get("method") or DASH,
+             _num(None if e.get("t") is None else 1000 * e["t"], ".1f"),
+             _num(e.get("gain"), ".3f"), _num(e.get("gain_next"), ".3f"),
+             _num(e.get("score"), ".4g"), e.get("reason") or ""]
+            for e in run.method_events]
+    return [f"### {run.label}", ""] + _table(
+        ["After step", "Event", "Method", "Step ms", "Gain", "Next CF's gain", "Score",
+         "Why"], rows) + [""]
+
+
 def time_section(runs: Sequence[Run]) -> list[str]:
     """Markdown lines: where each run's step time goes (median ms per phase), or nothing
     when no run logged phases."""
@@ -132,6 +144,14 @@ def render_markdown(runs: Sequence[Run], rows: Sequence[RunSummary], baseline: R
         lines += ["## GraVAC decisions", ""]
         for run in gravac_runs:
             lines += decisions_section(run)
+    auto_runs = [run for run in runs if run.method_events]
+    if auto_runs:
+        lines += ["## Method choices (controller: auto)", "",
+                  "Step ms is the median step time of a trial (or of the chosen method's "
+                  "run); score is gain / step time; the highest score among the methods "
+                  "whose gain clears ε is chosen.", ""]
+        for run in auto_runs:
+            lines += method_section(run)
     lines += time_section(runs)
     lines += ["## Plots", ""]
     captions = {name: caption for name, (_, caption) in PLOTS.items()}

@@ -30,10 +30,10 @@ import yaml
 
 from ..comm.horovod_cycle import PROBLEM as CYCLE_PROBLEM
 from ..comm.horovod_cycle import check_setting as check_cycle_setting
-from ..controllers import Accordion, GraVAC, Static
+from ..controllers import Accordion, Auto, GraVAC, Static
 from ..engine.options import GravacOptions
 
-CONTROLLERS = ("dense", "static", "gravac", "accordion")
+CONTROLLERS = ("dense", "static", "gravac", "accordion", "auto")
 DATASETS = ("digits", "cifar10", "cifar100", "ptb", "synthetic_images", "synthetic_text")
 OPTIMIZERS = ("sgd",)
 # auto: a tqdm bar on a terminal, else plain lines; always: the bar; plain: the lines
@@ -163,6 +163,7 @@ def options_of(component: type, name: str) -> type:
 
 GraVACConfig = options_of(GraVAC, "GraVACConfig")
 AccordionConfig = options_of(Accordion, "AccordionConfig")
+AutoConfig = options_of(Auto, "AutoConfig")
 
 
 #: The engine's options a config sets (``GravacOptions.config_fields``): their types,
@@ -187,6 +188,7 @@ class CompressionConfig(EngineOptionsConfig):
     ddp_start_powersgd_iter: int = 1000
     gravac: GraVACConfig = field(default_factory=GraVACConfig)
     accordion: AccordionConfig = field(default_factory=AccordionConfig)
+    auto: AutoConfig = field(default_factory=AutoConfig)
 
 
 #: Keys that were renamed: the unknown-key error names the new one.
@@ -487,9 +489,13 @@ def validate(cfg: Config) -> None:
              c.ddp_start_powersgd_iter, "must be >= 2 (PyTorch's hook starts after DDP's "
              "first two iterations)")
     try:
+        auto = build_controller(c) if c.controller == "auto" else None
+    except ValueError:
+        auto = None                     # reported below, with its key
+    try:
         options = engine_options(cfg)
         options.check() if c.controller == "dense" else options.check_with(
-            _compressor_kind(c.compressor))
+            _compressor_kind(c.compressor), auto)
     except ValueError as exc:
         raise ConfigError(f"compression.{exc}") from None
     _require(not c.overlap or c.controller != "dense", "compression.overlap", c.overlap,
@@ -585,6 +591,6 @@ def build_controller(c: CompressionConfig):
         return None
     if c.controller == "static":
         return Static(cf=c.cf, rank=c.rank)
-    options = c.gravac if c.controller == "gravac" else c.accordion
-    component = GraVAC if c.controller == "gravac" else Accordion
+    component, options = {"gravac": (GraVAC, c.gravac), "accordion": (Accordion, c.accordion),
+                          "auto": (Auto, c.auto)}[c.controller]
     return component(**dataclasses.asdict(options))

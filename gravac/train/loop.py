@@ -28,8 +28,8 @@ from ..comm import Comm
 from ..comm import init as init_comm
 from ..engine import STATE_KEY, broadcast_optimizer_state
 from ..engine.record import step_record
-from ..engine.run_record import (EVAL, METRICS_FILE, NONFINITE, RANK_STEP_FIELDS, RUN_END,
-                                 RUN_START, WINDOW, new_record)
+from ..engine.run_record import (EVAL, METHOD, METRICS_FILE, NONFINITE, RANK_STEP_FIELDS,
+                                 RUN_END, RUN_START, WINDOW, new_record)
 from ..util.malloc import keep_freed_memory
 from ..util.atomic import atomic_write_text
 from .checkpoint import has_checkpoint, load_checkpoint, rng_state, save_checkpoint, set_rng_state
@@ -408,6 +408,9 @@ class Trainer:
                               "step": d["step"] + 1, "window": number,
                               "table": {str(k): v for k, v in d["table"].items()}}
                     self.log.record(new_record(WINDOW, time=elapsed, **fields))
+                elif "event" in d:                 # Auto's method events
+                    self.log.record(new_record(METHOD, time=elapsed,
+                                               **{**d, "step": d["step"] + 1}))
             self._decisions_logged = len(controller.decisions)
 
     def finish(self) -> dict:

@@ -1,0 +1,417 @@
+"""``Auto``: GraVAC's measured choice, over methods instead of one compressor's CFs
+(docs/ALGORITHM.md §16; ``controller: auto`` in configs).
+
+The candidates are methods (``methods.py``): dense, fp16 on the wire, PowerSGD at a few
+ranks, the configured sparsifier at GraVAC's CF ladder. GraVAC's criterion chooses among
+them: a method is eligible while its agreed compression gain is at least ε (dense's gain
+is 1: always eligible); among the eligible, the highest compression throughput
+(samples/s x gain, i.e. gain / step time) wins.
+
+How it explores, cheaply:
+
+* **Trials.** A candidate runs for ``settle_steps`` + ``trial_steps`` steps (the first
+  ``settle_steps`` are not measured: first-use costs); its entry in the table is the
+  median step time and the mean agreed gain of the measured steps, taken from rank 0 and
+  broadcast, so every rank holds the same table and makes the same choices.
+* **Gains measured for free.** A sparse trial also compresses its kept values further, to
+  the next CF of the list (multi-level compression), so the next CF's gain is known
+  without running it; a gain below ε at CF c rules out every CF >= c (Top-k keeps less
+  energy the fewer entries it keeps). A PowerSGD rank whose gain is below ε rules out the
+  lower ranks.
+* **Predicted, not run.** Before a trial, a lower bound of the candidate's step time is
+  predicted: the least local time measured so far (step time minus waits) plus the bytes
+  it would put on the link (``gravac.util.sizes``: ring allreduce / allgather terms)
+  at the best bandwidth measured so far. A candidate whose bound cannot beat the best
+  measured score (with ``tolerance``) is not run. Dense runs first: it calibrates the link.
+* **Re-checked.** After ``recheck_every`` steps of the chosen method, its entry is
+  replaced by what those steps measured, and the methods whose score was within
+  ``recheck_within`` of the best run a trial again, with the next sparse CF when the
+  chosen method's candidate gain now clears ε and the safe end of a family whose gains
+  ruled it out, so a change of phase or link is noticed.
+
+Per step, a compressed method whose smoothed gain (EWMA with ``alpha``) falls below ε
+sends dense (GraVAC's fallback); its residual stays in error feedback. Every choice, trial
+and pruned candidate is in ``decisions`` (the trainer writes them as ``method`` lines).
+
+Example::
+
+    opt = gravac.DistributedOptimizer(sgd, model.named_parameters(), compressor="topk",
+                                      controller=Auto())   # dense, fp16, PowerSGD, Top-k
+    Auto(methods=["dense", "fp16", "powersgd:4", "sparse:40"], trial_steps=6)
+"""
+from __future__ import annotations
+
+import copy
+import statistics
+from typing import Mapping, Sequence
+
+from ..util import sizes
+from .base import SENT_DENSE, SENT_MIN, Controller, StepPlan, StepRecord, Sync
+from .gravac import default_alpha
+from .ladder import build_ladder
+from .methods import Method
+
+#: The candidates of ``Auto()``: both dense wires, PowerSGD at ranks 1 and 4 (DDP's hook's
+#: usual ranks), the sparsifier at GraVAC's exponential ladder from 10 to 1000.
+DEFAULT_METHODS = ("dense", "fp16", "powersgd:1", "powersgd:4",
+                   *(f"sparse:{cf:g}" for cf in build_ladder(10, 1000, "exponential")))
+#: Bytes of one value on the wire as the prediction counts them (fp32 gradients).
+VALUE_BYTES = 4
+
+
+class Auto(Controller):
+    """Choose the method (dense, fp16, PowerSGD rank, sparse CF) by measured compression
+    throughput among the methods whose gain clears ε (see the module doc).
+
+    Args:
+        methods: candidates, written as ``Method.parse`` reads them; must include dense.
+        epsilon: gain threshold ε in (0, 1] (GraVAC's).
+        trial_steps: measured steps of a trial (>= 1).
+        settle_steps: steps of a trial before measuring (>= 0).
+        recheck_every: steps of the chosen method between two re-checks (>= 1).
+        recheck_within: methods whose score was within this fraction of the best run a
+            trial again at a re-check (>= 0).
+        tolerance: a candidate is run unless its predicted best score is below the best
+            measured one by more than this fraction (>= 0; the prediction is a bound).
+        alpha: EWMA weight of the per-step gain in (0, 1]; default clamp(N/100, 0.01, 1).
+    """
+
+    def __init__(self, methods: list[str] | None = None, epsilon: float = 0.7,
+                 trial_steps: int = 4, settle_steps: int = 1, recheck_every: int = 300,
+                 recheck_within: float = 0.15, tolerance: float = 0.1,
+                 alpha: float | None = None):
+        def bad(name, value, allowed):
+            return ValueError(f"Auto({name}={value!r}): {allowed}")
+        texts = list(DEFAULT_METHODS if methods is None else methods)
+        parsed = []
+        for text in texts:
+            try:
+                parsed.append(Method.parse(text))
+            except ValueError as exc:
+                raise bad("methods", texts, str(exc)) from None
+        keys = [m.key for m in parsed]
+        if "dense" not in keys:
+            raise bad("methods", texts, "must include 'dense' (the floor every choice is "
+                      "measured against)")
+        if len(set(keys)) != len(keys):
+            raise bad("methods", texts, "lists a method twice")
+        if not 0 < epsilon <= 1:
+            raise bad("epsilon", epsilon, "must be in (0, 1]")
+        for name, value, low in (("trial_steps", trial_steps, 1), ("settle_steps", settle_steps, 0),
+                                 ("recheck_every", recheck_every, 1)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise bad(name, value, f"must be an int >= {low}")
+        for name, value in (("recheck_within", recheck_within), ("tolerance", tolerance)):
+            if not value >= 0:
+                raise bad(name, value, "must be a number >= 0")
+        if alpha is not None and not 0 < alpha <= 1:
+            raise bad("alpha", alpha, "must be in (0, 1] or None")
+        self.method_texts = [m.key for m in parsed]
+        self.epsilon, self.trial_steps, self.settle_steps = epsilon, trial_steps, settle_steps
+        self.recheck_every, self.recheck_within = recheck_every, recheck_within
+        self.tolerance, self.alpha_option = tolerance, alpha
+        self.candidates: list[Method] = parsed
+        self._layers: list[str] = []
+        self._shapes: dict[str, tuple] = {}
+        self._other_numel = 0
+        self._world = 1
+        self._exchange = "allgather"
+        self._s = self._initial_state()
+
+    # -- set-up ---------------------------------------------------------------------------
+    @property
+    def methods(self) -> list[Method]:
+        """The methods its plans may name (the engine prepares what each needs)."""
+        return list(self.candidates)
+
+    def bind(self, layer_names, sync: Sync) -> None:
+        self._layers = list(layer_names)
+        self._world = sync.size
+        self._alpha = self.alpha_option if self.alpha_option is not None \
+            else default_alpha(sync.size)
+
+    def observe_layers(self, shapes: Mapping[str, tuple], other_numel: int,
+                       exchange: str) -> None:
+        """The compressed layers' shapes, the other layers' elements and the engine's
+        sparse exchange (``options.exchange``): what the byte prediction needs."""
+        self._shapes = {name: tuple(shape) for name, shape in shapes.items()}
+        self._other_numel = int(other_numel)
+        self._exchange = exchange
+
+    def _initial_state(self) -> dict:
+        return {"phase": "trial", "current": "dense", "round": 1, "step_in_phase": 0,
+                "queue": [m.key for m in self.candidates if m.key != "dense"],
+                "samples": [], "pending": None, "delta": None, "table": {},
+                "decisions": []}
+
+    def _method(self, key: str) -> Method:
+        return Method.parse(key)
+
+    # -- per step -------------------------------------------------------------------------
+    def plan(self, step: int) -> StepPlan:
+        m = self._method(self._s["current"])
+        if m.dense:
+            return StepPlan(theta_min=1.0, method=m)
+        if m.kind == "powersgd":
+            return StepPlan(theta_min=1.0, layer_rank=dict.fromkeys(self._layers, m.rank),
+                            needs_gains=True, method=m)
+        return StepPlan(theta_min=m.level, theta_c=self._next_cf(m), needs_gains=True,
+                        method=m)
+
+    def _next_cf(self, m: Method) -> float | None:
+        """The next larger CF among the sparse candidates (its gain is measured for free)."""
+        above = [c.level for c in self.candidates if c.kind == "sparse" and c.level > m.level]
+        return min(above) if above else None
+
+    def decide(self, gain_min, gain_c) -> str:
+        s = self._s
+        s["pending"] = (gain_min, gain_c)
+        if gain_min is None:
+            return SENT_MIN
+        d = s["delta"]
+        s["delta"] = gain_min if d is None else (1 - self._alpha) * d + self._alpha * gain_min
+        return SENT_MIN if s["delta"] >= self.epsilon else SENT_DENSE
+
+    def end_step(self, record: StepRecord, sync: Sync) -> None:
+        s = self._s
+        s["step_in_phase"] += 1
+        pending, s["pending"] = s["pending"], None
+        measured = record.sent != "skipped" and record.t_iter is not None
+        if measured and (s["phase"] == "run" or s["step_in_phase"] > self.settle_steps):
+            gain_min, gain_c = pending if pending is not None else (1.0, None)
+            s["samples"].append([record.t_iter, gain_min, gain_c, record.extra.get("t_comm")])
+        if s["phase"] == "trial" and s["step_in_phase"] >= self.settle_steps + self.trial_steps:
+            self._end_trial(record.step, sync)
+        elif s["phase"] == "run" and s["step_in_phase"] >= self.recheck_every:
+            self._recheck(record.step, sync)
+
+    # -- between phases (every rank, same order; rank 0's measurements) --------------------
+    def _measure(self, step: int, sync: Sync) -> dict:
+        """The current method's table entry from this phase's samples: rank 0's,
+        broadcast (only rank 0's timings count, as in GraVAC)."""
+        entry = self._summarise() if sync.rank == 0 else None
+        entry = sync.broadcast_object(entry, name="gravac.auto.measure")
+        self._s["table"][self._s["current"]] = entry
+        self._log(step, "measured", self._s["current"], **entry)
+        return entry
+
+    def _summarise(self) -> dict:
+        samples = self._s["samples"]
+        dense = self._method(self._s["current"]).dense
+        if not samples:
+            return {"t": None, "t_comm": None, "gain": 1.0 if dense else 0.0, "gain_next": None,
+                    "steps": 0}
+        comm = [c for *_, c in samples if c is not None]
+        nexts = [g for _, _, g, _ in samples if g is not None]
+        return {"t": statistics.median(t for t, *_ in samples),
+                "t_comm": statistics.median(comm) if comm else None,
+                "gain": 1.0 if dense else statistics.fmean(g for _, g, _, _ in samples),
+                "gain_next": statistics.fmean(nexts) if nexts else None,
+                "steps": len(samples)}
+
+    def _end_trial(self, step: int, sync: Sync) -> None:
+        self._measure(step, sync)
+        self._prune_by_gain(step)
+        self._advance(step)
+
+    def _recheck(self, step: int, sync: Sync) -> None:
+        entry = self._measure(step, sync)
+        s = self._s
+        current = self._method(s["current"])
+        best = self._best_score()
+        queue = [k for k, e in s["table"].items() if k != s["current"] and self._eligible(k)
+                 and self._score(k) >= best * (1 - self.recheck_within)]
+        nxt = self._next_cf(current) if current.kind == "sparse" else None
+        if nxt is not None and (entry["gain_next"] or 0) >= self.epsilon:
+            key = Method("sparse", nxt, current.exchange).key
+            if key in self.method_texts and key not in queue:
+                queue.append(key)
+        for kind, safest in (("sparse", min), ("powersgd", max)):
+            # A family ruled out by its gains is tried again from its safe end: gains
+            # change as training goes on.
+            family = [c for c in self.candidates if c.kind == kind]
+            if family and not any(self._eligible(c.key) for c in family):
+                key = safest(family, key=lambda c: c.level).key
+                if key not in queue and key != s["current"]:
+                    queue.append(key)
+        s["round"] += 1
+        s["queue"] = [k for k in self.method_texts if k in queue]
+        self._advance(step)
+
+    def _advance(self, step: int) -> None:
+        """The next trial (the queued candidate with the lowest predicted time that may
+        still win), or the choice when none is left."""
+        s = self._s
+        best = self._best_score()
+        for key in list(s["queue"]):
+            bound = self._predicted(key)
+            if bound > 0 and best > 0 and (1 + self.tolerance) / bound < best:
+                s["queue"].remove(key)
+                self._log(step, "pruned", key, reason=f"predicted step time >= {bound:.4g}s "
+                          "cannot beat the best measured score")
+        ready = [k for k in s["queue"] if self._ready(k)]
+        if ready:
+            key = min(ready, key=self._predicted)
+            s["queue"].remove(key)
+            self._switch(key, "trial")
+            return
+        # Dense is always eligible once measured; a run whose every dense step was
+        # skipped (NaN/Inf) has nothing measured: dense, until the re-check.
+        best = max((k for k in s["table"] if self._eligible(k)), key=self._score,
+                   default="dense")
+        self._log(step, "chosen", best, score=self._score(best), round=s["round"],
+                  scores={k: self._score(k) for k in s["table"]})
+        self._switch(best, "run")
+
+    def _ready(self, key: str) -> bool:
+        """A level is tried after the levels that keep more (a lower CF, a higher rank)
+        were measured (or left the queue, pruned): their gains bound its gain, so a family
+        is climbed from its safe end, as GraVAC climbs its ladder."""
+        m, table, queue = self._method(key), self._s["table"], self._s["queue"]
+        if m.kind == "sparse":
+            safer = [c for c in self.candidates if c.kind == "sparse" and c.level < m.level]
+        elif m.kind == "powersgd":
+            safer = [c for c in self.candidates if c.kind == "powersgd" and c.level > m.level]
+        else:
+            return True
+        return all(c.key in table or c.key not in queue for c in safer)
+
+    def _switch(self, key: str, phase: str) -> None:
+        s = self._s
+        if key != s["current"]:
+            s["delta"] = None
+        s.update(phase=phase, current=key, step_in_phase=0, samples=[])
+
+    def _prune_by_gain(self, step: int) -> None:
+        """Gains only fall with a higher CF or a lower rank: a gain below ε rules out every
+        queued method that keeps less."""
+        s = self._s
+        key = s["current"]
+        m, entry = self._method(key), s["table"][key]
+        out = []
+        if m.kind == "sparse":
+            cap = m.level if entry["gain"] < self.epsilon else None
+            nxt = self._next_cf(m)
+            if cap is None and nxt is not None and entry["gain_next"] is not None \
+                    and entry["gain_next"] < self.epsilon:
+                cap = nxt
+            if cap is not None:
+                out = [k for k in s["queue"] if self._method(k).kind == "sparse"
+                       and self._method(k).level >= cap]
+        elif m.kind == "powersgd" and entry["gain"] < self.epsilon:
+            out = [k for k in s["queue"] if self._method(k).kind == "powersgd"
+                   and self._method(k).level <= m.level]
+        for k in out:
+            s["queue"].remove(k)
+            self._log(step, "pruned", k, reason=f"gain below epsilon={self.epsilon:g} "
+                      f"(measured with {key})")
+
+    # -- the table ------------------------------------------------------------------------
+    def _eligible(self, key: str) -> bool:
+        e = self._s["table"].get(key)
+        return e is not None and e["t"] is not None and e["t"] > 0 and \
+            (key == "dense" or e["gain"] >= self.epsilon)
+
+    def _score(self, key: str) -> float:
+        """Compression throughput per sample: gain / step time (samples per step fixed)."""
+        if not self._eligible(key):
+            return 0.0
+        e = self._s["table"][key]
+        return e["gain"] / e["t"]
+
+    def _best_score(self) -> float:
+        return max((self._score(k) for k in self._s["table"]), default=0.0)
+
+    def _predicted(self, key: str) -> float:
+        """A lower bound of ``key``'s step time: the least local time measured plus its
+        link bytes at the best bandwidth measured (0 before anything was measured)."""
+        seen = [(k, e) for k, e in self._s["table"].items()
+                if e["t"] is not None and e["t_comm"] is not None]
+        rates = [e["t_comm"] / self.wire_bytes(k) for k, e in seen
+                 if e["t_comm"] > 0 and self.wire_bytes(k) > 0]
+        if not seen or not rates:
+            return 0.0
+        local = min(max(e["t"] - e["t_comm"], 0.0) for _, e in seen)
+        return local + self.wire_bytes(key) * min(rates)
+
+    def wire_bytes(self, key: str) -> float:
+        """Bytes through the slowest link of a ring for one step of ``key`` (Gloo's ring
+        allreduce and allgather; latency left out: a lower bound)."""
+        m, n = self._method(key), self._world
+
+        def allreduce(nbytes):
+            return sizes.collective_terms("allreduce", nbytes, n)[1]
+        numels = [_numel(s) for s in self._shapes.values()]
+        other = VALUE_BYTES * self._other_numel
+        if m.kind == "dense":
+            return allreduce(VALUE_BYTES * sum(numels) + other)
+        if m.kind == "fp16":
+            return allreduce(2 * sum(numels) + 2 * self._other_numel)
+        if m.kind == "powersgd":
+            factors, dense = 0, other
+            for shape in self._shapes.values():
+                rows, cols = sizes.matrix_shape(shape)
+                r = min(m.rank, rows, cols)
+                if sizes.compression_factor(rows, cols, r) > 1:
+                    factors += VALUE_BYTES * r * (rows + cols)
+                else:
+                    dense += VALUE_BYTES * rows * cols
+            return allreduce(factors) + allreduce(dense)
+        counts = [sizes.num_kept(x, m.level) for x in numels]
+        exchange = m.exchange_for(n, self._exchange)
+        chunk = sizes.sparse_chunk_bytes(numels, counts, coded=exchange == "allgather_coded")
+        if exchange in ("shared_index", "hierarchical"):
+            return allreduce(VALUE_BYTES * sum(counts)) + allreduce(other)
+        return sizes.collective_terms("allgather", chunk, n)[1] + allreduce(other)
+
+    # -- logging and state ----------------------------------------------------------------
+    def _log(self, step: int, event: str, method: str, **fields) -> None:
+        self._s["decisions"].append({"step": step, "event": event, "method": method, **fields})
+
+    @property
+    def current(self) -> str:
+        """The method the next step runs."""
+        return self._s["current"]
+
+    @property
+    def phase(self) -> str:
+        return self._s["phase"]
+
+    @property
+    def table(self) -> dict:
+        return copy.deepcopy(self._s["table"])
+
+    def summary(self) -> dict:
+        return {"delta_min": self._s["delta"]}
+
+    @property
+    def decisions(self) -> list[dict]:
+        return self._s["decisions"]
+
+    def state_dict(self) -> dict:
+        return {"hyper": self.describe(), "state": copy.deepcopy(self._s)}
+
+    def load_state_dict(self, state: dict) -> None:
+        if not isinstance(state, dict) or "state" not in state:
+            raise ValueError("not an Auto state dict: expected keys 'hyper' and 'state'")
+        if state.get("hyper") != self.describe():
+            raise ValueError(f"Auto state was saved with other options: saved "
+                             f"{state.get('hyper')}, current {self.describe()}")
+        self._s = copy.deepcopy(state["state"])
+
+    def describe(self) -> dict:
+        return {"controller": "Auto", "methods": list(self.method_texts),
+                "epsilon": self.epsilon, "trial_steps": self.trial_steps,
+                "settle_steps": self.settle_steps, "recheck_every": self.recheck_every,
+                "recheck_within": self.recheck_within, "tolerance": self.tolerance,
+                "alpha": self.alpha_option}
+
+    def __repr__(self) -> str:
+        return f"Auto(methods={self.method_texts})"
+
+
+def _numel(shape: Sequence[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n

@@ -1,0 +1,63 @@
+"""controller: auto on 2 ranks, on this run's transport: both ranks run the same method at
+every step and make the same decisions (rank 0's timings, broadcast), parameters stay
+identical, a dense step of Auto applies exactly the average a plain allreduce computes,
+and the trainer's run writes Auto's events and the method of every step."""
+import json
+
+import torch
+import torch.nn.functional as F
+
+from gravac.controllers import Auto
+from gravac.train.loop import train
+
+from helpers import COMM, barrier, demo_config, distributed_optimizer, gather_rows, make_net, rank_batch
+
+
+def test_ranks_agree_on_every_method_and_the_dense_steps_are_the_plain_average():
+    model = make_net(0)
+    ctrl = Auto(trial_steps=2, settle_steps=1, recheck_every=8)
+    opt = distributed_optimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                                model.named_parameters(), compressor="topk", controller=ctrl)
+    methods, dense_ok = [], []
+    for step in range(36):
+        x, y = rank_batch(step, COMM.rank)
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        raw = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+        residual = {n: opt.memory[n].detach().clone().view_as(raw[n]) if n in opt.memory
+                    else torch.zeros_like(raw[n]) for n in raw}
+        opt.synchronize()
+        stats = opt.last_stats
+        if stats.method == "dense":
+            # Every layer: the average over ranks of gradient + residual (flushed whole).
+            for n, p in model.named_parameters():
+                both = gather_rows(raw[n] + residual[n], name=f"auto.raw.{step}.{n}")
+                dense_ok.append(torch.allclose(p.grad.reshape(-1), both.mean(0), atol=1e-7))
+        with opt.skip_synchronize():
+            opt.step()
+        methods.append(f"{stats.method}/{stats.sent}")
+    all_methods = COMM.allgather_object(methods, name="auto.methods")
+    all_decisions = COMM.allgather_object(ctrl.decisions, name="auto.decisions")
+    params = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    rows = gather_rows(params, name="auto.params")
+    assert all_methods[0] == all_methods[1]
+    assert all_decisions[0] == all_decisions[1]
+    assert any(d["event"] == "chosen" for d in all_decisions[0])
+    assert torch.equal(rows[0], rows[1])
+    assert dense_ok and all(dense_ok)
+
+
+def test_the_trainer_logs_the_method_of_every_step_and_autos_events(tmp_path):
+    out = COMM.broadcast_object(str(tmp_path) if COMM.rank == 0 else None, name="auto.tmp")
+    cfg = demo_config(out, "auto", "auto.yaml", steps=30,
+                      extra=("compression.auto.recheck_every=10", "run.eval_interval=0"))
+    train(cfg)
+    barrier("auto.trained")
+    lines = [json.loads(line) for line in open(f"{out}/auto/metrics.jsonl")]
+    steps = [r for r in lines if r["kind"] == "step"]
+    events = [r for r in lines if r["kind"] == "method"]
+    assert steps and all(r["method"] for r in steps)
+    assert events[0]["event"] == "measured" and events[0]["method"] == "dense"
+    assert any(e["event"] == "chosen" for e in events)
+    report = open(f"{out}/auto/report.md").read()
+    assert "## Method choices (controller: auto)" in report

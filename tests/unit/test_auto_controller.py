@@ -1,0 +1,159 @@
+"""``Auto`` (controller: auto) with scripted step times and gains: what it runs, prunes
+and chooses, exactly; its byte prediction against the engine's size arithmetic; resume."""
+import pytest
+
+from gravac.controllers import SENT_DENSE, SENT_MIN, Auto, LocalSync, Method, StepRecord
+from gravac.util import sizes
+
+SHAPES = {"embed": (1000, 64), "fc": (256, 512)}
+OTHER = 300
+
+
+def _auto(**kw) -> Auto:
+    a = Auto(**{"trial_steps": 2, "settle_steps": 1, "recheck_every": 10, **kw})
+    a.bind(list(SHAPES), LocalSync())
+    a.observe_layers(SHAPES, OTHER, "allgather")
+    return a
+
+
+def _drive(auto: Auto, steps: int, time_of, gain_of, next_gain_of=lambda m: None):
+    """Run ``steps`` scripted steps: the method planned gets ``time_of(key)`` seconds and
+    the gains ``gain_of(key)`` (its own) and ``next_gain_of(key)`` (the next CF's)."""
+    ran = []
+    for step in range(steps):
+        plan = auto.plan(step)
+        key = plan.method.key
+        ran.append(key)
+        sent = SENT_MIN
+        if plan.needs_gains:
+            sent = auto.decide(gain_of(key), next_gain_of(key))
+        t = time_of(key)
+        auto.end_step(StepRecord(step=step, sent=sent, cf=1.0, gain=1.0, t_iter=t,
+                                 samples=32, extra={"t_comm": 0.5 * t}), LocalSync())
+    return ran
+
+
+def test_methods_are_written_one_way():
+    assert Method.parse("powersgd:4") == Method("powersgd", 4.0)
+    assert Method.parse("sparse:40@shared_index").key == "sparse:40@shared_index"
+    assert Method("fp16").dense and not Method("sparse", 10.0).dense
+    for bad in ("ring", "sparse", "powersgd:1.5", "dense:3", "sparse:1", "fp16@allgather",
+                "sparse:x"):
+        with pytest.raises(ValueError, match="method"):
+            Method.parse(bad)
+
+
+def test_a_sparse_method_picks_its_exchange_by_the_world():
+    m = Method("sparse", 10.0)
+    assert m.exchange_for(4, "allgather") == "allgather"          # CF 10 > 4 ranks
+    assert m.exchange_for(16, "allgather") == "shared_index"      # allgather would exceed dense
+    assert m.exchange_for(16, "allgather_coded") == "allgather_coded"   # the user's choice
+    assert Method("sparse", 10.0, "hierarchical").exchange_for(16, "allgather") == "hierarchical"
+
+
+@pytest.mark.parametrize("kw, match", [
+    ({"methods": ["fp16", "sparse:10"]}, "must include 'dense'"),
+    ({"methods": ["dense", "dense"]}, "twice"),
+    ({"methods": ["dense", "ring"]}, "kind must be one of"),
+    ({"epsilon": 0}, r"epsilon=0\)"), ({"trial_steps": 0}, "trial_steps"),
+    ({"settle_steps": -1}, "settle_steps"), ({"recheck_every": 1.5}, "recheck_every"),
+    ({"tolerance": -0.1}, "tolerance"), ({"alpha": 2}, "alpha")])
+def test_bad_options_name_the_option(kw, match):
+    with pytest.raises(ValueError, match=match):
+        Auto(**kw)
+
+
+def test_dense_first_then_each_family_from_its_safe_end_and_gains_prune_what_keeps_less():
+    auto = _auto()
+    times = {"dense": 1.0, "fp16": 0.8, "powersgd:4": 0.5, "powersgd:1": 0.4,
+             "sparse:10": 0.6, "sparse:20": 0.55, "sparse:40": 0.5, "sparse:160": 0.45,
+             "sparse:1000": 0.4}
+    gains = {"powersgd:4": 0.5, "sparse:10": 0.9, "sparse:20": 0.8}
+    nexts = {"sparse:10": 0.8, "sparse:20": 0.6}       # sparse:40's gain, seen from sparse:20
+    ran = _drive(auto, 3 * 7, times.get, lambda k: gains.get(k, 0.0), nexts.get)
+    trials = [ran[i] for i in range(0, len(ran), 3)]
+    assert trials[0] == "dense"
+    assert "powersgd:1" not in ran       # rank 4 below ε: rank 1 keeps less
+    assert "sparse:40" not in ran and "sparse:160" not in ran and "sparse:1000" not in ran
+    assert ran.index("sparse:10") < ran.index("sparse:20")          # the ladder is climbed
+    pruned = {d["method"]: d["reason"] for d in auto.decisions if d["event"] == "pruned"}
+    assert set(pruned) == {"powersgd:1", "sparse:40", "sparse:160", "sparse:1000"}
+    chosen = [d for d in auto.decisions if d["event"] == "chosen"]
+    # Scores gain / t: dense 1, fp16 1.25, sparse:10 1.5, sparse:20 0.8/0.55 = 1.45.
+    assert chosen[0]["method"] == "sparse:10" == auto.current and auto.phase == "run"
+    assert chosen[0]["scores"]["powersgd:4"] == 0.0             # ineligible: gain < ε
+    assert chosen[0]["score"] == pytest.approx(0.9 / 0.6)
+
+
+def test_the_chosen_method_falls_back_to_dense_per_step_when_its_smoothed_gain_drops():
+    auto = _auto(methods=["dense", "sparse:10"], alpha=1.0)
+    _drive(auto, 6, {"dense": 1.0, "sparse:10": 0.5}.get, lambda k: 0.9)
+    assert auto.current == "sparse:10"
+    auto.plan(6)
+    assert auto.decide(0.5, None) == SENT_DENSE
+    assert auto.decide(0.8, None) == SENT_MIN
+
+
+def test_a_candidate_predicted_too_slow_is_never_run():
+    """Dense measured at 1 s with 0.9 s of waits, 8 ranks: CF 2 by allgather puts 4x
+    dense's bytes on the link (7 chunks of n/2 values and indices against 2·7/8 of n
+    values), so it cannot win, and the prediction prunes it; CF 40 may, and runs."""
+    class Sync8(LocalSync):
+        size = 8
+    auto = Auto(methods=["dense", "sparse:2@allgather", "sparse:40"], trial_steps=2,
+                settle_steps=1)
+    auto.bind(list(SHAPES), Sync8())
+    auto.observe_layers(SHAPES, OTHER, "allgather")
+    ran = []
+    for step in range(12):
+        plan = auto.plan(step)
+        ran.append(plan.method.key)
+        if plan.needs_gains:
+            auto.decide(0.9, None)
+        auto.end_step(StepRecord(step=step, sent=SENT_MIN, cf=1.0, gain=1.0, t_iter=1.0,
+                                 samples=32, extra={"t_comm": 0.9}), Sync8())
+    assert "sparse:2@allgather" not in ran and "sparse:40" in ran
+    assert auto.wire_bytes("sparse:2@allgather") > 3 * auto.wire_bytes("dense")
+    pruned = [d for d in auto.decisions if d["event"] == "pruned"]
+    assert [d["method"] for d in pruned] == ["sparse:2@allgather"]
+    assert "predicted step time" in pruned[0]["reason"]
+
+
+def test_wire_bytes_follow_the_size_arithmetic():
+    auto = _auto()
+    auto._world = 4
+    numel = sum(r * c for r, c in SHAPES.values())
+    ring = 2 * 3 / 4
+    assert auto.wire_bytes("dense") == pytest.approx(ring * 4 * (numel + OTHER))
+    assert auto.wire_bytes("fp16") == pytest.approx(ring * 2 * (numel + OTHER))
+    counts = [sizes.num_kept(r * c, 40) for r, c in SHAPES.values()]
+    chunk = sizes.sparse_chunk_bytes([r * c for r, c in SHAPES.values()], counts)
+    assert auto.wire_bytes("sparse:40") == pytest.approx(3 * chunk + ring * 4 * OTHER)
+    factors = sum(4 * 4 * (r + c) for r, c in SHAPES.values())
+    assert auto.wire_bytes("powersgd:4") == pytest.approx(ring * factors + ring * 4 * OTHER)
+
+
+def test_recheck_measures_the_run_and_tries_the_close_methods_again():
+    auto = _auto(methods=["dense", "fp16", "sparse:10"], recheck_every=4)
+    times = {"dense": 1.0, "fp16": 0.9, "sparse:10": 2.0}
+    ran = _drive(auto, 9 + 4 + 3, times.get, lambda k: 0.9)
+    assert ran[:9] == ["dense"] * 3 + ["fp16"] * 3 + ["sparse:10"] * 3
+    assert ran[9:13] == ["fp16"] * 4                     # the choice runs
+    # The re-check: dense is within 15% of fp16's score, sparse:10 (score 0.45) is not.
+    assert ran[13:16] == ["dense"] * 3
+    measured = [d["method"] for d in auto.decisions if d["event"] == "measured"]
+    assert measured == ["dense", "fp16", "sparse:10", "fp16", "dense"]
+
+
+def test_state_dict_resumes_to_the_same_decisions():
+    times = {"dense": 1.0, "fp16": 0.8, "powersgd:4": 0.7, "powersgd:1": 0.6,
+             "sparse:10": 0.9}
+    a = _auto()
+    _drive(a, 8, lambda k: times.get(k, 0.5), lambda k: 0.8, lambda k: 0.75)
+    b = _auto()
+    b.load_state_dict(a.state_dict())
+    ran_a = _drive(a, 40, lambda k: times.get(k, 0.5), lambda k: 0.8, lambda k: 0.75)
+    ran_b = _drive(b, 40, lambda k: times.get(k, 0.5), lambda k: 0.8, lambda k: 0.75)
+    assert ran_a == ran_b and a.decisions == b.decisions
+    with pytest.raises(ValueError, match="other options"):
+        _auto(epsilon=0.5).load_state_dict(a.state_dict())

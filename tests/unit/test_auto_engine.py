@@ -1,0 +1,160 @@
+"""controller: auto in the engine (2 thread ranks): every rank runs the same method at
+every step; switching methods carries the error-feedback residual over exactly (PowerSGD:
+residual + M̂ = gradient + previous residual; dense: the residual is sent whole); the
+checkpoint holds Auto's state and PowerSGD's Q, and a resumed optimizer steps as the
+original does."""
+import pytest
+import torch
+
+from gravac.controllers import Auto, Method
+from gravac.engine.optimizer import wrap_optimizer
+
+from thread_comm import run_ranks
+
+
+def _model():
+    """The same model on every rank (thread ranks share torch's global generator)."""
+    model = torch.nn.Sequential(torch.nn.Linear(48, 96), torch.nn.ReLU(), torch.nn.Linear(96, 40))
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(0.1 * torch.randn(p.shape, generator=gen))
+    return model
+
+
+def _optimizer(comm, model, **auto):
+    ctrl = Auto(**{"trial_steps": 2, "settle_steps": 1, "recheck_every": 6, **auto})
+    opt = wrap_optimizer(torch.optim.SGD(model.parameters(), lr=0.05), model.named_parameters(),
+                         comm, compressor="topk", controller=ctrl, min_compress_numel=256)
+    return opt, ctrl
+
+
+def _backward(model, gen):
+    model(torch.randn(8, 48, generator=gen)).square().mean().backward()
+
+
+def test_every_rank_runs_the_same_methods_and_decisions():
+    def job(comm):
+        model = _model()
+        opt, ctrl = _optimizer(comm, model)
+        gen = torch.Generator().manual_seed(comm.rank + 1)
+        methods = []
+        for _ in range(40):
+            opt.zero_grad()
+            _backward(model, gen)
+            opt.step()
+            methods.append((opt.last_stats.method, opt.last_stats.sent))
+        return methods, ctrl.decisions, [p.detach().clone() for p in model.parameters()]
+    (m0, d0, p0), (m1, d1, p1) = run_ranks(2, job)
+    assert m0 == m1 and d0 == d1
+    assert {m for m, _ in m0} >= {"dense", "fp16"}
+    assert any(d["event"] == "chosen" for d in d0)
+    for a, b in zip(p0, p1):
+        assert torch.equal(a, b)                  # the same averaged update on both ranks
+
+
+def _forced_step(opt, ctrl, model, gen, key):
+    """One step of method ``key``: (grad + residual before, residual after, synced grad)
+    per compressed layer."""
+    ctrl._switch(key, "run")
+    opt.zero_grad()
+    _backward(model, gen)
+    names = opt.compressed_layer_names
+    params = dict(model.named_parameters())
+    before = {n: params[n].grad.detach().clone().view(-1) + _residual(opt, n, params[n])
+              for n in names}
+    opt.synchronize()
+    after = {n: _residual(opt, n, params[n]) for n in names}
+    synced = {n: params[n].grad.detach().clone().view(-1) for n in names}
+    with opt.skip_synchronize():
+        opt.step()
+    assert opt.last_stats.method == key
+    assert opt.last_stats.sent == ("dense" if Method.parse(key).dense else "min")
+    return before, after, synced
+
+
+def _residual(opt, name, param):
+    if name not in opt.memory:
+        return torch.zeros(param.numel())
+    return opt.memory[name].detach().clone().view(-1)
+
+
+def test_switching_methods_carries_the_residual_over():
+    def job(comm):
+        model = _model()
+        opt, ctrl = _optimizer(comm, model, recheck_every=1000, epsilon=1e-6)
+        gen = torch.Generator().manual_seed(comm.rank + 1)
+        out = {}
+        for key in ("sparse:10", "powersgd:4", "sparse:20", "dense", "fp16"):
+            out[key] = _forced_step(opt, ctrl, model, gen, key)
+        return out
+    ranks = run_ranks(2, job)
+    for rank in ranks:
+        before, after, synced = rank["sparse:10"]
+        for n in before:                           # Top-k kept 1/10 of g_ef, the rest stays
+            assert after[n].abs().sum() > 0
+            kept = (after[n] == 0) & (before[n] != 0)
+            assert int(kept.sum()) == -(-before[n].numel() // 10)
+        before, after, synced = rank["powersgd:4"]
+        for n in before:                           # residual + M̂ = g + previous residual
+            torch.testing.assert_close(after[n] + synced[n], before[n], rtol=0, atol=1e-6)
+            assert after[n].abs().sum() > 0
+    for key in ("dense", "fp16"):                  # dense sends g_ef whole: no residual left
+        for n in ranks[0][key][0]:
+            mean = (ranks[0][key][0][n] + ranks[1][key][0][n]) / 2
+            for rank in ranks:
+                assert torch.count_nonzero(rank[key][1][n]) == 0
+                tol = 0 if key == "dense" else 1e-3
+                torch.testing.assert_close(rank[key][2][n], mean, rtol=tol, atol=tol)
+
+
+def test_a_checkpoint_holds_auto_and_powersgd_and_resumes_the_same_step():
+    def job(comm):
+        model = _model()
+        opt, ctrl = _optimizer(comm, model, recheck_every=1000, epsilon=1e-6)
+        gen = torch.Generator().manual_seed(comm.rank + 1)
+        for key in ("powersgd:4", "sparse:10", "powersgd:1"):
+            _forced_step(opt, ctrl, model, gen, key)
+        state = opt.state_dict()
+        params = {n: p.detach().clone() for n, p in model.named_parameters()}
+        twin = _model()
+        twin.load_state_dict(model.state_dict())
+        opt2, ctrl2 = _optimizer(comm, twin, recheck_every=1000, epsilon=1e-6)
+        opt2.load_state_dict(state)
+        assert ctrl2.state_dict() == ctrl.state_dict()
+        q = state["gravac"]["lowrank"]["q"]
+        assert set(q) == set(opt.compressed_layer_names)
+        assert all(v.shape[1] == 4 for v in q.values())   # the rank-4 warm start, kept
+        results = []
+        for o, c, m in ((opt, ctrl, model), (opt2, ctrl2, twin)):
+            g = torch.Generator().manual_seed(100 + comm.rank)
+            _forced_step(o, c, m, g, "powersgd:4")
+            results.append([p.detach().clone() for p in m.parameters()])
+        return results, params
+    for (orig, resumed), _ in run_ranks(2, job):
+        for a, b in zip(orig, resumed):
+            assert torch.equal(a, b)
+
+
+def test_overlap_and_a_low_rank_compressor_are_refused_in_one_line():
+    def job(comm):
+        model = _model()
+        with pytest.raises(ValueError, match=r"^overlap=True: cannot be combined with controller"):
+            wrap_optimizer(torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(),
+                           comm, controller=Auto(), overlap=True)
+        with pytest.raises(ValueError, match=r"^compressor='powersgd': controller Auto"):
+            wrap_optimizer(torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(),
+                           comm, compressor="powersgd", controller=Auto())
+        # Without sparse methods PowerSGD is fine as the configured compressor.
+        wrap_optimizer(torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(),
+                       comm, compressor="powersgd",
+                       controller=Auto(methods=["dense", "powersgd:2"]))
+        return True
+    assert all(run_ranks(1, job))
+
+
+def test_the_step_record_names_the_method():
+    assert Method.parse("sparse:40").key == "sparse:40"
+    from gravac.engine.run_record import KINDS, METHOD, STEP, STEP_FIELDS
+    assert "method" in STEP_FIELDS and KINDS[STEP].fields["method"] == "text"
+    assert {"event", "method", "reason", "scores"} <= set(KINDS[METHOD].fields)
