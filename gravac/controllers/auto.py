@@ -76,7 +76,7 @@ class Auto(Controller):
         alpha: EWMA weight of the per-step gain in (0, 1]; default clamp(N/100, 0.01, 1).
     """
 
-    def __init__(self, methods: list[str] | None = None, epsilon: float = 0.7,
+    def __init__(self, methods: list[str] | None = None, epsilon: float = 0.5,
                  trial_steps: int = 4, settle_steps: int = 1, recheck_every: int = 300,
                  recheck_within: float = 0.15, tolerance: float = 0.1,
                  alpha: float | None = None):
@@ -182,14 +182,25 @@ class Auto(Controller):
             s["samples"].append([record.t_iter, gain_min, gain_c, record.extra.get("t_comm")])
         if s["phase"] == "trial" and s["step_in_phase"] >= self.settle_steps + self.trial_steps:
             self._end_trial(record.step, sync)
-        elif s["phase"] == "run" and s["step_in_phase"] >= self.recheck_every:
+        elif s["phase"] == "run" and (s["step_in_phase"] >= self.recheck_every
+                                      or self._fell_below(s["step_in_phase"])):
             self._recheck(record.step, sync)
+
+    def _fell_below(self, steps: int) -> bool:
+        """The chosen method's smoothed gain fell below ε (after a trial's length of
+        steps): it is no longer eligible, so the re-check comes now, not after more steps
+        that each fall back to dense."""
+        s = self._s
+        return (steps >= self.settle_steps + self.trial_steps and s["delta"] is not None
+                and s["delta"] < self.epsilon)
 
     # -- between phases (every rank, same order; rank 0's measurements) --------------------
     def _measure(self, step: int, sync: Sync) -> dict:
         """The current method's table entry from this phase's samples: rank 0's,
         broadcast (only rank 0's timings count, as in GraVAC)."""
         entry = self._summarise() if sync.rank == 0 else None
+        if entry is not None and self._s["phase"] == "run" and self._s["delta"] is not None:
+            entry["gain"] = self._s["delta"]    # a run's gain: the smoothed one, as it ends
         entry = sync.broadcast_object(entry, name="gravac.auto.measure")
         self._s["table"][self._s["current"]] = entry
         self._log(step, "measured", self._s["current"], **entry)

@@ -68,8 +68,8 @@ def test_dense_first_then_each_family_from_its_safe_end_and_gains_prune_what_kee
     times = {"dense": 1.0, "fp16": 0.8, "powersgd:4": 0.5, "powersgd:1": 0.4,
              "sparse:10": 0.6, "sparse:20": 0.55, "sparse:40": 0.5, "sparse:160": 0.45,
              "sparse:1000": 0.4}
-    gains = {"powersgd:4": 0.5, "sparse:10": 0.9, "sparse:20": 0.8}
-    nexts = {"sparse:10": 0.8, "sparse:20": 0.6}       # sparse:40's gain, seen from sparse:20
+    gains = {"powersgd:4": 0.4, "sparse:10": 0.9, "sparse:20": 0.8}
+    nexts = {"sparse:10": 0.8, "sparse:20": 0.45}      # sparse:40's gain, seen from sparse:20
     ran = _drive(auto, 3 * 7, times.get, lambda k: gains.get(k, 0.0), nexts.get)
     trials = [ran[i] for i in range(0, len(ran), 3)]
     assert trials[0] == "dense"
@@ -90,8 +90,20 @@ def test_the_chosen_method_falls_back_to_dense_per_step_when_its_smoothed_gain_d
     _drive(auto, 6, {"dense": 1.0, "sparse:10": 0.5}.get, lambda k: 0.9)
     assert auto.current == "sparse:10"
     auto.plan(6)
-    assert auto.decide(0.5, None) == SENT_DENSE
+    assert auto.decide(0.4, None) == SENT_DENSE
     assert auto.decide(0.8, None) == SENT_MIN
+
+
+def test_a_chosen_method_whose_smoothed_gain_falls_below_epsilon_is_rechecked_at_once():
+    auto = _auto(methods=["dense", "sparse:10"], alpha=0.5, recheck_every=1000)
+    gains = iter([0.9] * 3 + [0.3] * 20)          # the trial, then the run's gains fall
+    ran = _drive(auto, 12, {"dense": 1.0, "sparse:10": 0.5}.get, lambda k: next(gains))
+    assert ran[6:12] == ["sparse:10"] * 3 + ["dense"] * 3   # ran 3 steps, re-checked
+    assert ran[:6] == ["dense"] * 3 + ["sparse:10"] * 3
+    run = [d for d in auto.decisions if d["event"] == "measured" and d["method"] == "sparse:10"][-1]
+    assert run["method"] == "sparse:10" and run["gain"] < auto.epsilon
+    assert run["step"] < 3 + 3 + 1000                     # not after recheck_every steps
+    assert auto.current == "dense" and auto.phase == "run"
 
 
 def test_a_candidate_predicted_too_slow_is_never_run():
@@ -156,4 +168,4 @@ def test_state_dict_resumes_to_the_same_decisions():
     ran_b = _drive(b, 40, lambda k: times.get(k, 0.5), lambda k: 0.8, lambda k: 0.75)
     assert ran_a == ran_b and a.decisions == b.decisions
     with pytest.raises(ValueError, match="other options"):
-        _auto(epsilon=0.5).load_state_dict(a.state_dict())
+        _auto(epsilon=0.6).load_state_dict(a.state_dict())
