@@ -26,8 +26,10 @@ How it explores, cheaply:
 * **Re-checked.** After ``recheck_every`` steps of the chosen method, its entry is
   replaced by what those steps measured, and the methods whose score was within
   ``recheck_within`` of the best run a trial again, with the next sparse CF when the
-  chosen method's candidate gain now clears ε and the safe end of a family whose gains
-  ruled it out, so a change of phase or link is noticed.
+  chosen method's smoothed candidate gain now clears ε and the safe end of a family whose
+  gains ruled it out, so a change of phase or link is noticed. The re-check comes at
+  once when the chosen method's smoothed gain falls below ε, or when its candidate gain
+  clears ε for a CF not yet eligible (the ladder is climbed as GraVAC climbs it).
 
 Per step, a compressed method whose smoothed gain (EWMA with ``alpha``) falls below ε
 sends dense (GraVAC's fallback); its residual stays in error feedback. Every choice, trial
@@ -141,7 +143,7 @@ class Auto(Controller):
     def _initial_state(self) -> dict:
         return {"phase": "trial", "current": "dense", "round": 1, "step_in_phase": 0,
                 "queue": [m.key for m in self.candidates if m.key != "dense"],
-                "samples": [], "pending": None, "delta": None, "table": {},
+                "samples": [], "pending": None, "delta": None, "delta_c": None, "table": {},
                 "decisions": []}
 
     def _method(self, key: str) -> Method:
@@ -168,9 +170,13 @@ class Auto(Controller):
         s["pending"] = (gain_min, gain_c)
         if gain_min is None:
             return SENT_MIN
-        d = s["delta"]
-        s["delta"] = gain_min if d is None else (1 - self._alpha) * d + self._alpha * gain_min
+        s["delta"] = self._smooth(s["delta"], gain_min)
+        if gain_c is not None:
+            s["delta_c"] = self._smooth(s.get("delta_c"), gain_c)
         return SENT_MIN if s["delta"] >= self.epsilon else SENT_DENSE
+
+    def _smooth(self, average: float | None, sample: float) -> float:
+        return sample if average is None else (1 - self._alpha) * average + self._alpha * sample
 
     def end_step(self, record: StepRecord, sync: Sync) -> None:
         s = self._s
@@ -183,7 +189,8 @@ class Auto(Controller):
         if s["phase"] == "trial" and s["step_in_phase"] >= self.settle_steps + self.trial_steps:
             self._end_trial(record.step, sync)
         elif s["phase"] == "run" and (s["step_in_phase"] >= self.recheck_every
-                                      or self._fell_below(s["step_in_phase"])):
+                                      or self._fell_below(s["step_in_phase"])
+                                      or self._next_clears(s["step_in_phase"])):
             self._recheck(record.step, sync)
 
     def _fell_below(self, steps: int) -> bool:
@@ -193,6 +200,22 @@ class Auto(Controller):
         s = self._s
         return (steps >= self.settle_steps + self.trial_steps and s["delta"] is not None
                 and s["delta"] < self.epsilon)
+
+    def _next_cf_key(self) -> str | None:
+        """The chosen sparse method's next CF, when it is a candidate."""
+        m = self._method(self._s["current"])
+        nxt = self._next_cf(m) if m.kind == "sparse" else None
+        key = None if nxt is None else Method("sparse", nxt, m.exchange).key
+        return key if key in self.method_texts else None
+
+    def _next_clears(self, steps: int) -> bool:
+        """The chosen sparse method's smoothed candidate gain (the next CF's) cleared ε
+        while that CF is not an eligible entry of the table (never run, or ruled out
+        earlier in training): it is tried now, as GraVAC climbs its ladder, not after
+        ``recheck_every`` steps."""
+        s, key = self._s, self._next_cf_key()
+        return (key is not None and steps >= self.settle_steps + self.trial_steps
+                and (s.get("delta_c") or 0.0) >= self.epsilon and not self._eligible(key))
 
     # -- between phases (every rank, same order; rank 0's measurements) --------------------
     def _measure(self, step: int, sync: Sync) -> dict:
@@ -228,15 +251,12 @@ class Auto(Controller):
     def _recheck(self, step: int, sync: Sync) -> None:
         entry = self._measure(step, sync)
         s = self._s
-        current = self._method(s["current"])
         best = self._best_score()
         queue = [k for k, e in s["table"].items() if k != s["current"] and self._eligible(k)
                  and self._score(k) >= best * (1 - self.recheck_within)]
-        nxt = self._next_cf(current) if current.kind == "sparse" else None
-        if nxt is not None and (entry["gain_next"] or 0) >= self.epsilon:
-            key = Method("sparse", nxt, current.exchange).key
-            if key in self.method_texts and key not in queue:
-                queue.append(key)
+        nxt = self._next_cf_key()
+        if nxt is not None and (s.get("delta_c") or 0.0) >= self.epsilon and nxt not in queue:
+            queue.append(nxt)
         for kind, safest in (("sparse", min), ("powersgd", max)):
             # A family ruled out by its gains is tried again from its safe end: gains
             # change as training goes on.
@@ -290,7 +310,7 @@ class Auto(Controller):
     def _switch(self, key: str, phase: str) -> None:
         s = self._s
         if key != s["current"]:
-            s["delta"] = None
+            s["delta"] = s["delta_c"] = None
         s.update(phase=phase, current=key, step_in_phase=0, samples=[])
 
     def _prune_by_gain(self, step: int) -> None:
