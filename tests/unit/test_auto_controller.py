@@ -169,3 +169,16 @@ def test_state_dict_resumes_to_the_same_decisions():
     assert ran_a == ran_b and a.decisions == b.decisions
     with pytest.raises(ValueError, match="other options"):
         _auto(epsilon=0.6).load_state_dict(a.state_dict())
+
+
+def test_the_ladder_is_climbed_when_the_next_cfs_gain_clears_epsilon_during_the_run():
+    """sparse:20 was ruled out early (sparse:10's candidate gain 0.3); later the run's
+    candidate gain is 0.8: sparse:20 runs a trial at once and, faster, is chosen."""
+    auto = _auto(methods=["dense", "sparse:10", "sparse:20"], alpha=1.0, recheck_every=1000)
+    nexts = iter([0.3] * 3 + [0.8] * 100)
+    ran = _drive(auto, 15, {"dense": 1.0, "sparse:10": 0.5, "sparse:20": 0.4}.get,
+                 lambda k: 0.9, lambda k: next(nexts) if k == "sparse:10" else None)
+    assert ran[:6] == ["dense"] * 3 + ["sparse:10"] * 3
+    assert [d["method"] for d in auto.decisions if d["event"] == "pruned"] == ["sparse:20"]
+    assert ran[6:9] == ["sparse:10"] * 3 and ran[9:12] == ["sparse:20"] * 3
+    assert auto.current == "sparse:20" and auto.phase == "run"

@@ -1,4 +1,5 @@
 """Config loading: merging, --set overrides, typed validation, one-line errors."""
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -168,10 +169,11 @@ def test_controller_sections_are_the_controllers_own_options():
     import dataclasses
     import inspect
 
-    from gravac.controllers import Accordion, GraVAC, Static
-    from gravac.train.config import AccordionConfig, CompressionConfig, GraVACConfig
+    from gravac.controllers import Accordion, Auto, GraVAC, Static
+    from gravac.train.config import AccordionConfig, AutoConfig, CompressionConfig, GraVACConfig
 
-    for section, component in ((GraVACConfig, GraVAC), (AccordionConfig, Accordion)):
+    for section, component in ((GraVACConfig, GraVAC), (AccordionConfig, Accordion),
+                               (AutoConfig, Auto)):
         params = {n: p for n, p in inspect.signature(component).parameters.items()}
         assert [f.name for f in dataclasses.fields(section)] == list(params)
         assert {f.name: f.default for f in dataclasses.fields(section)} == \
@@ -194,3 +196,20 @@ def test_every_config_file_named_in_help_and_docstrings_exists():
     assert named, "the help should show at least one config file"
     missing = sorted(p for p in named if not (REPO / p).is_file())
     assert not missing, f"named but missing: {missing}"
+
+
+def test_controller_auto_from_a_config_and_its_errors_name_the_key():
+    from gravac.controllers import Auto
+    files = [str(REPO / "configs/demo.yaml"), str(REPO / "configs/compression/auto.yaml")]
+    cfg = load_config(files, ["compression.auto.methods=[dense, fp16, powersgd:2, sparse:40]"])
+    ctrl = build_controller(cfg.compression)
+    assert isinstance(ctrl, Auto)
+    assert [m.key for m in ctrl.methods] == ["dense", "fp16", "powersgd:2", "sparse:40"]
+    for sets, message in (
+            (["compression.auto.methods=[fp16]"], "compression.auto.methods="),
+            (["compression.auto.trial_steps=0"], "compression.auto.trial_steps=0"),
+            (["compression.overlap=true"], "compression.overlap=True: cannot be combined"),
+            (["compression.compressor=powersgd"], "compression.compressor='powersgd': "
+                                                  "controller Auto")):
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            load_config(files, sets)
