@@ -301,11 +301,13 @@ def backend_table(rate: str, by_backend: dict[str, dict[str, dict]]) -> str:
     return "\n".join(lines)
 
 
-#: What a user would run instead of gravac (issue 13's peers), by backend: under torch,
-#: "horovod_fp16" is DDP's fp16 hook.
-PEERS = {"horovod": ("horovod_fp16",),
-         "torch": ("horovod_fp16", "ddp_powersgd_rank1", "ddp_powersgd_rank4")}
-PEER_NAMES = {("horovod", "horovod_fp16"): "Horovod fp16", ("torch", "horovod_fp16"): "DDP fp16 hook",
+#: What a user would run instead of gravac, by backend: the launcher's own dense path
+#: (Horovod's optimizer, PyTorch DDP) and its compression; under torch, "horovod_fp16" is
+#: DDP's fp16 hook. On a fast link the plain dense path can be the fastest of them.
+PEERS = {"horovod": ("dense", "horovod_fp16"),
+         "torch": ("dense", "horovod_fp16", "ddp_powersgd_rank1", "ddp_powersgd_rank4")}
+PEER_NAMES = {("horovod", "dense"): "Horovod", ("torch", "dense"): "PyTorch DDP",
+              ("horovod", "horovod_fp16"): "Horovod fp16", ("torch", "horovod_fp16"): "DDP fp16 hook",
               ("torch", "ddp_powersgd_rank1"): "DDP PowerSGD rank 1",
               ("torch", "ddp_powersgd_rank4"): "DDP PowerSGD rank 4"}
 

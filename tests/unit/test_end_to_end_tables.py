@@ -36,8 +36,17 @@ def test_peer_table_takes_the_fastest_peer_of_either_backend():
                     "| torch | gravac_recommended | never | — | +5.0% |"]
 
 
+def test_the_launchers_dense_path_is_a_peer_too():
+    """On a fast link plain DDP can beat every compression hook: it is the one to beat."""
+    text = peer_table("10gbit", {"torch": {"dense": _run(33.0, 4.0),
+                                           "horovod_fp16": _run(36.0, 4.0),
+                                           "gravac_auto": _run(34.0, 3.9)}})
+    assert "(PyTorch DDP, 33.0 s)" in text.splitlines()[0]
+    assert "| torch | gravac_auto | 34.0 | 1.03x | -2.5% |" in text
+
+
 def test_no_peer_reached_the_target_means_no_table():
-    assert peer_table("1gbit", {"horovod": {"dense": _run(10.0, 1.0),
+    assert peer_table("1gbit", {"horovod": {"dense": _run(None, 1.0),
                                             "horovod_fp16": _run(None, 1.0)}}) is None
 
 
