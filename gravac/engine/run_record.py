@@ -82,8 +82,8 @@ NONFINITE, ELASTIC_RESET, RUN_END = "nonfinite", "elastic_reset", "run_end"
 STEP_COLUMNS = (
     ("step", None), ("epoch", None), ("time", None), ("world_size", None),
     ("loss", "train/loss"), ("lr", "train/lr"), ("samples_per_sec", "train/samples_per_sec"),
-    ("sent", None), ("method", None), ("cf", "compression/cf_sent"), ("cf_actual", "compression/cf_actual"),
-    ("theta_min", "compression/theta_min"),
+    ("sent", None), ("method", None), ("cf", "compression/cf_sent"),
+    ("cf_actual", "compression/cf_actual"), ("theta_min", "compression/theta_min"),
     ("theta_c", "compression/theta_c"), ("gain_min", "compression/gain_min"),
     ("gain_c", "compression/gain_c"), ("delta_min", "compression/delta_min"),
     ("delta_c", "compression/delta_c"),

@@ -245,8 +245,13 @@ class StepEngine:
                 kind, comp = "lowrank", self._lowrank
             else:
                 kind = method.exchange_for(self.comm.size, self.options.exchange)
-            exchange = EXCHANGES[kind](self.comm, self.prefix, wire, comp,
-                                       host_of_rank=self.host_of_rank)
+            if (kind, wire, comp) == (self._default_exchange.kind, self.options.dense_wire,
+                                      self.compressor):
+                # One instance per exchange: the hierarchical one owns its process sets.
+                exchange = self._default_exchange
+            else:
+                exchange = EXCHANGES[kind](self.comm, self.prefix, wire, comp,
+                                           host_of_rank=self.host_of_rank)
             self._method_exchanges[method.key] = exchange
         return exchange
 
