@@ -113,6 +113,7 @@ class Auto(Controller):
         self.recheck_every, self.recheck_within = recheck_every, recheck_within
         self.tolerance, self.alpha_option = tolerance, alpha
         self.candidates: list[Method] = parsed
+        self._by_key = {m.key: m for m in parsed}
         self._layers: list[str] = []
         self._shapes: dict[str, tuple] = {}
         self._other_numel = 0
@@ -147,7 +148,7 @@ class Auto(Controller):
                 "decisions": []}
 
     def _method(self, key: str) -> Method:
-        return Method.parse(key)
+        return self._by_key[key]
 
     # -- per step -------------------------------------------------------------------------
     def plan(self, step: int) -> StepPlan:
@@ -182,7 +183,7 @@ class Auto(Controller):
         s = self._s
         s["step_in_phase"] += 1
         pending, s["pending"] = s["pending"], None
-        measured = record.sent != "skipped" and record.t_iter is not None
+        measured = record.sent in (SENT_MIN, SENT_DENSE) and record.t_iter is not None
         if measured and (s["phase"] == "run" or s["step_in_phase"] > self.settle_steps):
             gain_min, gain_c = pending if pending is not None else (1.0, None)
             s["samples"].append([record.t_iter, gain_min, gain_c, record.extra.get("t_comm")])
@@ -249,7 +250,7 @@ class Auto(Controller):
         self._advance(step)
 
     def _recheck(self, step: int, sync: Sync) -> None:
-        entry = self._measure(step, sync)
+        self._measure(step, sync)
         s = self._s
         best = self._best_score()
         queue = [k for k, e in s["table"].items() if k != s["current"] and self._eligible(k)

@@ -98,9 +98,11 @@ class StepEngine:
         self.exchange = self._default_exchange = exchange_class(options.exchange, compressor)(
             comm, self.prefix, options.dense_wire, compressor, host_of_rank=host_of_rank)
         self._method_exchanges: dict[str, object] = {}
-        self._lowrank = compressor if compressor.is_lowrank else None
-        if any(m.kind == "powersgd" for m in controller.methods) and self._lowrank is None:
-            self._lowrank = _compressors.get("powersgd")
+        #: PowerSGD of a controller's powersgd methods when the configured compressor is
+        #: not PowerSGD already (its Q is checkpointed beside the compressor's state).
+        self._extra_lowrank = None
+        if any(m.kind == "powersgd" for m in controller.methods) and not compressor.is_lowrank:
+            self._extra_lowrank = _compressors.get("powersgd")
         self.memory = ResidualMemory()
         self.skipped_steps: list[dict] = []
         self._consecutive_skips = 0
@@ -138,7 +140,8 @@ class StepEngine:
     def rebind(self, comm: Comm) -> None:
         """Use ``comm`` from now on (an elastic reset); the controller keeps its state."""
         self.comm = comm
-        for exchange in {id(e): e for e in (self._default_exchange, self.exchange,
+        # (A method's exchange may be the default one: bound once.)
+        for exchange in {id(e): e for e in (self._default_exchange,
                                             *self._method_exchanges.values())}.values():
             exchange.bind(comm)
         self.reset()
@@ -242,7 +245,8 @@ class StepEngine:
             if method.dense:
                 kind, wire = "allgather", ("fp16" if method.kind == "fp16" else "native")
             elif method.kind == "powersgd":
-                kind, comp = "lowrank", self._lowrank
+                kind = "lowrank"
+                comp = self.compressor if self._extra_lowrank is None else self._extra_lowrank
             else:
                 kind = method.exchange_for(self.comm.size, self.options.exchange)
             if (kind, wire, comp) == (self._default_exchange.kind, self.options.dense_wire,
@@ -259,8 +263,8 @@ class StepEngine:
     def compressors(self) -> list:
         """Every compressor a step may use (the configured one, and PowerSGD's for a
         controller choosing methods): their state is checkpointed."""
-        separate = self._lowrank is not None and self._lowrank is not self.compressor
-        return [self.compressor, self._lowrank] if separate else [self.compressor]
+        extra = [] if self._extra_lowrank is None else [self._extra_lowrank]
+        return [self.compressor, *extra]
 
     def _before_buckets(self, state: _Step, t_compute) -> StepStats | None:
         """Without hooks every gradient is here: a controller that observes gradients
@@ -602,8 +606,8 @@ class StepEngine:
     def state_dict(self) -> dict:
         state = {"memory": self.memory.state_dict(), "controller": self.controller.state_dict(),
                  "compressor": self.compressor.state_dict()}
-        if self._lowrank is not None and self._lowrank is not self.compressor:
-            state["lowrank"] = self._lowrank.state_dict()     # Auto's PowerSGD methods' Q
+        if self._extra_lowrank is not None:
+            state["lowrank"] = self._extra_lowrank.state_dict()
         return state
 
     def load_state_dict(self, state: dict) -> None:
@@ -615,8 +619,8 @@ class StepEngine:
         self.memory.load_state_dict(state["memory"], like=like)
         self.controller.load_state_dict(follow_devices(state["controller"], like))
         self.compressor.load_state_dict(follow_devices(state.get("compressor", {}), like))
-        if self._lowrank is not None and self._lowrank is not self.compressor:
-            self._lowrank.load_state_dict(follow_devices(state.get("lowrank", {}), like))
+        if self._extra_lowrank is not None:
+            self._extra_lowrank.load_state_dict(follow_devices(state.get("lowrank", {}), like))
 
 
 def densify_grad(layer: Layer) -> None:
