@@ -126,9 +126,12 @@ METHODS: dict[str, tuple[str, list[str]]] = {
     "gravac_recommended_hierarchical": ("gravac_recommended.yaml",
                                         ["compression.gravac.window=25",
                                          "compression.exchange=hierarchical"]),
-    # controller: auto (docs/ALGORITHM.md §16): the measured choice over dense, fp16,
+    # controller: auto (docs/ALGORITHM.md §15): the measured choice over dense, fp16,
     # PowerSGD ranks and Top-k CFs, re-checked every 100 steps.
     "gravac_auto": ("auto.yaml", ["compression.auto.recheck_every=100"]),
+    # The same without overlap (auto.yaml overlaps the steps of dense, fp16 and sparse).
+    "gravac_auto_no_overlap": ("auto.yaml", ["compression.auto.recheck_every=100",
+                                             "compression.overlap=false"]),
     # The paper's rule with a lower gain threshold and a faster EWMA: what the LSTM
     # workload, whose gains fall quickly with the CF (~0.6 at 10x), needs to climb.
     "gravac_eps0.3": ("gravac_exp_topk.yaml", ["compression.gravac.window=25",

@@ -62,7 +62,9 @@ class GravacOptions:
         "Start each bucket's compression and exchange from gradient hooks while backward "
         "still runs; step() then waits for them. Bit for bit the same parameters as without "
         "it for Static and Accordion; GraVAC overlaps its compressed layers with "
-        "decide: previous only.")})
+        "decide: previous only. Under controller auto the steps of methods whose exchange "
+        "overlaps (dense, fp16, sparse on allgather) overlap; PowerSGD's and "
+        "shared_index's run in step().")})
     bucket_cap_mb: float = field(default=25.0, metadata={"doc": (
         "With overlap, MiB of gradient per bucket (cut in reverse layer order, the same on "
         "every rank).")})
@@ -113,10 +115,6 @@ class GravacOptions:
         methods ``controller`` may choose (``Auto``)."""
         self.check()
         kinds = {m.kind for m in getattr(controller, "methods", ())}
-        _require(not (self.overlap and kinds), "overlap", self.overlap,
-                 f"cannot be combined with controller {controller!r}: it switches between "
-                 "methods, and PowerSGD's rounds (P, then Q) run in step(); set overlap to "
-                 "false")
         _require("sparse" not in kinds or not (compressor.is_dense or compressor.is_lowrank),
                  "compressor", compressor.name, f"controller {controller!r} chooses sparse "
                  "methods, which take a sparsifier: topk, dgc, redsync or randomk")

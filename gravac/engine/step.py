@@ -3,7 +3,9 @@
 plan -> NaN/Inf scan -> error feedback -> select (both levels) -> agree gains (and the
 NaN/Inf flags) -> decide -> settle (residuals) -> exchange -> unpack -> step record, bucket
 by bucket. Without overlap the model is one bucket that ``synchronize()`` starts; with
-overlap, backward's hooks start each bucket as its gradients are ready (``buckets.py``).
+overlap, backward's hooks start each bucket as its gradients are ready (``buckets.py``),
+on the steps whose exchange overlaps (a step of a method whose exchange does not, e.g.
+PowerSGD's under ``controller: auto``, is one bucket that ``synchronize()`` starts).
 How the values travel, and which rounds a selection needs, is the exchange's
 (``exchanges/``): the pipeline writes the flags, the gains, the decision, the skip and
 rollback, ``t_discarded`` and the step record once, for all of them.
@@ -62,6 +64,10 @@ class _Step:
     all_candidate: bool
     level: str | None                 # what compressed layers send; None: after the gains
     hold_all: bool                    # dense layers wait for the decision too
+    #: Backward's hooks start the buckets: there are hooks, and this step's exchange
+    #: overlaps (a method on one that does not, e.g. PowerSGD's, runs in synchronize).
+    overlapped: bool
+    buckets: list                     # the step's buckets: ``self.buckets`` or one
     ready: set = field(default_factory=set)
     next_bucket: int = 0
     pendings: list = field(default_factory=list)
@@ -188,11 +194,10 @@ class StepEngine:
         """Average every layer's gradient across ranks (compressed as the controller
         plans), in place in ``.grad``; returns what the step did. With overlap, the
         buckets that backward's hooks started are finished."""
-        hooked = self._state is not None
         state = self._state or self._begin(step, lr_decayed)
         state.clock.resume()
         try:
-            if not hooked and self.hooks is None:
+            if not state.overlapped:
                 skipped = self._before_buckets(state, t_compute)
                 if skipped is not None:
                     return skipped
@@ -221,10 +226,12 @@ class StepEngine:
             raise RuntimeError("controller decided the candidate but its plan has no candidate "
                                "CF above theta_min")
         clock.lap("t_control")
-        hold_all = not self.exchange.world_beside or (level is None and self.hooks is None)
+        overlapped = self.hooks is not None and self.exchange.overlaps
+        hold_all = not self.exchange.world_beside or (level is None and not overlapped)
         self.memory.begin_step()
-        self._state = _Step(step, plan, clock, planned, all_candidate, level, hold_all)
-        if self.hooks is not None:
+        self._state = _Step(step, plan, clock, planned, all_candidate, level, hold_all,
+                            overlapped, self.buckets if overlapped else [self.layers])
+        if overlapped:
             # The exchange's work before selection, gradients or not (an overlapping
             # exchange's begin does not read them; without hooks: _before_buckets).
             self.exchange.begin(self.layers, clock)
@@ -301,23 +308,25 @@ class StepEngine:
             state = self._begin(*self._step_context())
         state.clock.resume()
         state.ready.add(layer.index)
-        self._start_ready(state)
+        if state.overlapped:     # else synchronize starts the one bucket
+            self._start_ready(state)
         state.t_hooks += state.clock.charged() - charged
 
     def _start_ready(self, state: _Step) -> None:
-        while state.next_bucket < len(self.buckets) and \
-                all(l.index in state.ready for l in self.buckets[state.next_bucket]):
+        while state.next_bucket < len(state.buckets) and \
+                all(l.index in state.ready for l in state.buckets[state.next_bucket]):
             self._start_bucket(state, state.next_bucket)
             state.next_bucket += 1
 
-    def _tag(self, what) -> str:
+    @staticmethod
+    def _tag(state: _Step, what) -> str:
         """The end of a bucket's collectives' names: buckets in flight at once (overlap)
         need different ones; without overlap there is one exchange and no tag."""
-        return "" if self.hooks is None else f".{what}"
+        return f".{what}" if state.overlapped else ""
 
     def _start_bucket(self, state: _Step, b: int) -> None:
         clock, plan, memory, exchange = state.clock, state.plan, self.memory, self.exchange
-        layers = self.buckets[b]
+        layers = state.buckets[b]
         for layer in layers:
             densify_grad(layer)
         if not state.scanned:
@@ -360,8 +369,8 @@ class StepEngine:
         sent = self._settle(state, selections, state.level, dense)
         # The last bucket's scan completes this rank's flags: without a gains round to
         # carry them, they ride in its dense group (if it has one).
-        last = b == len(self.buckets) - 1 and not plan.needs_gains and not state.flags_agreed
-        self._start(state, sent, dense, self._tag(f"b{b}"),
+        last = b == len(state.buckets) - 1 and not plan.needs_gains and not state.flags_agreed
+        self._start(state, sent, dense, self._tag(state, f"b{b}"),
                     flags=self.flags(state.local_bad) if last else None)
 
     def _settle(self, state: _Step, selections, level: str, dense: list) -> list[SentLayer]:
@@ -420,7 +429,7 @@ class StepEngine:
             if not bad_ranks:
                 dense = list(state.held_dense)
                 payload = self._settle(state, state.held, sent, dense)
-                self._start(state, payload, dense, self._tag("held"))   # flags agreed
+                self._start(state, payload, dense, self._tag(state, "held"))   # flags agreed
         if not bad_ranks and not state.flags_agreed and state.flags_carrier is None:
             # No group carried the flags: one more tiny allreduce, beside the exchange.
             flags = self.comm.allreduce_async(self.flags(state.local_bad), op="sum",

@@ -4,6 +4,7 @@ identical, a dense step of Auto applies exactly the average a plain allreduce co
 and the trainer's run writes Auto's events and the method of every step."""
 import json
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -13,11 +14,15 @@ from gravac.train.loop import train
 from helpers import COMM, barrier, demo_config, distributed_optimizer, gather_rows, make_net, rank_batch
 
 
-def test_ranks_agree_on_every_method_and_the_dense_steps_are_the_plain_average():
+@pytest.mark.parametrize("overlap", [False, True], ids=["plain", "overlap"])
+def test_ranks_agree_on_every_method_and_the_dense_steps_are_the_plain_average(overlap):
     model = make_net(0)
     ctrl = Auto(trial_steps=2, settle_steps=1, recheck_every=8)
+    # With overlap: buckets of a few KiB, so that several leave from backward's hooks.
+    extra = {"overlap": True, "bucket_cap_mb": 0.002} if overlap else {}
     opt = distributed_optimizer(torch.optim.SGD(model.parameters(), lr=0.05),
-                                model.named_parameters(), compressor="topk", controller=ctrl)
+                                model.named_parameters(), compressor="topk", controller=ctrl,
+                                **extra)
     methods, dense_ok = [], []
     for step in range(36):
         x, y = rank_batch(step, COMM.rank)
@@ -31,15 +36,15 @@ def test_ranks_agree_on_every_method_and_the_dense_steps_are_the_plain_average()
         if stats.method == "dense":
             # Every layer: the average over ranks of gradient + residual (flushed whole).
             for n, p in model.named_parameters():
-                both = gather_rows(raw[n] + residual[n], name=f"auto.raw.{step}.{n}")
+                both = gather_rows(raw[n] + residual[n], name=f"auto.raw.{overlap}.{step}.{n}")
                 dense_ok.append(torch.allclose(p.grad.reshape(-1), both.mean(0), atol=1e-7))
         with opt.skip_synchronize():
             opt.step()
         methods.append(f"{stats.method}/{stats.sent}")
-    all_methods = COMM.allgather_object(methods, name="auto.methods")
-    all_decisions = COMM.allgather_object(ctrl.decisions, name="auto.decisions")
+    all_methods = COMM.allgather_object(methods, name=f"auto.methods.{overlap}")
+    all_decisions = COMM.allgather_object(ctrl.decisions, name=f"auto.decisions.{overlap}")
     params = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-    rows = gather_rows(params, name="auto.params")
+    rows = gather_rows(params, name=f"auto.params.{overlap}")
     assert all_methods[0] == all_methods[1]
     assert all_decisions[0] == all_decisions[1]
     assert any(d["event"] == "chosen" for d in all_decisions[0])

@@ -136,12 +136,41 @@ def test_a_checkpoint_holds_auto_and_powersgd_and_resumes_the_same_step():
             assert torch.equal(a, b)
 
 
-def test_overlap_and_a_low_rank_compressor_are_refused_in_one_line():
+def test_overlap_gives_the_same_parameters_for_every_method():
+    """With overlap, dense, fp16 and sparse steps leave from backward's hooks (several
+    buckets) and PowerSGD's runs in synchronize: bit for bit what the step sends without
+    overlap, through every switch."""
+    keys = ("dense", "sparse:10", "powersgd:4", "fp16", "sparse:20", "powersgd:1", "dense")
+
+    def job(comm, overlap):
+        model = _model()
+        ctrl = Auto(recheck_every=1000, epsilon=1e-6)
+        extra = {"overlap": True, "bucket_cap_mb": 0.005} if overlap else {}
+        opt = wrap_optimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                             model.named_parameters(), comm, compressor="topk",
+                             controller=ctrl, min_compress_numel=256, **extra)
+        gen = torch.Generator().manual_seed(comm.rank + 1)
+        for key in keys:
+            ctrl._switch(key, "run")
+            opt.zero_grad()
+            _backward(model, gen)
+            state = opt._engine._state            # what backward's hooks started
+            started = state is not None and bool(state.pendings)
+            assert started == (overlap and not key.startswith("powersgd"))
+            opt.step()
+            assert opt.last_stats.method == key
+        return (len(opt.buckets or [None]), [p.detach().clone() for p in model.parameters()])
+    plain = run_ranks(2, lambda comm: job(comm, False))
+    overlapped = run_ranks(2, lambda comm: job(comm, True))
+    assert overlapped[0][0] == 2                 # two buckets left from the hooks
+    for (_, a), (_, b) in zip(plain, overlapped):
+        for x, y in zip(a, b):
+            assert torch.equal(x, y)
+
+
+def test_a_low_rank_compressor_is_refused_in_one_line():
     def job(comm):
         model = _model()
-        with pytest.raises(ValueError, match=r"^overlap=True: cannot be combined with controller"):
-            wrap_optimizer(torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(),
-                           comm, controller=Auto(), overlap=True)
         with pytest.raises(ValueError, match=r"^compressor='powersgd': controller Auto"):
             wrap_optimizer(torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(),
                            comm, compressor="powersgd", controller=Auto())

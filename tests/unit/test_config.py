@@ -208,8 +208,9 @@ def test_controller_auto_from_a_config_and_its_errors_name_the_key():
     for sets, message in (
             (["compression.auto.methods=[fp16]"], "compression.auto.methods="),
             (["compression.auto.trial_steps=0"], "compression.auto.trial_steps=0"),
-            (["compression.overlap=true"], "compression.overlap=True: cannot be combined"),
             (["compression.compressor=powersgd"], "compression.compressor='powersgd': "
                                                   "controller Auto")):
         with pytest.raises(ConfigError, match=re.escape(message)):
             load_config(files, sets)
+    # Overlap applies to the steps whose method's exchange overlaps.
+    assert load_config(files, ["compression.overlap=true"]).compression.overlap
