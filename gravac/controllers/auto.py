@@ -189,10 +189,24 @@ class Auto(Controller):
             s["samples"].append([record.t_iter, gain_min, gain_c, record.extra.get("t_comm")])
         if s["phase"] == "trial" and s["step_in_phase"] >= self.settle_steps + self.trial_steps:
             self._end_trial(record.step, sync)
-        elif s["phase"] == "run" and (s["step_in_phase"] >= self.recheck_every
-                                      or self._fell_below(s["step_in_phase"])
-                                      or self._next_clears(s["step_in_phase"])):
-            self._recheck(record.step, sync)
+        elif s["phase"] == "run":
+            reason = self._recheck_reason(s["step_in_phase"])
+            if reason is not None:
+                self._recheck(record.step, sync, reason)
+
+    def _recheck_reason(self, steps: int) -> str | None:
+        """Why the chosen method is re-checked after ``steps`` steps of its run, or None.
+        The same on every rank: it reads agreed gains and step counts only."""
+        if steps >= self.recheck_every:
+            return f"recheck_every={self.recheck_every} steps"
+        if self._fell_below(steps):
+            return f"smoothed gain below epsilon={self.epsilon:g}"
+        if self._next_clears(steps):
+            return f"{self._next_cf_key()}'s gain clears epsilon={self.epsilon:g}"
+        if self._drifted():
+            return (f"recent gain more than recheck_within={self.recheck_within:g} below "
+                    "the gain it was chosen with")
+        return None
 
     def _fell_below(self, steps: int) -> bool:
         """The chosen method's smoothed gain fell below ε (after a trial's length of
@@ -201,6 +215,26 @@ class Auto(Controller):
         s = self._s
         return (steps >= self.settle_steps + self.trial_steps and s["delta"] is not None
                 and s["delta"] < self.epsilon)
+
+    def _recent_gain(self) -> float | None:
+        """The mean agreed gain of the run's last 2 x ``trial_steps`` measured steps (None
+        before that many): the gain the chosen method sends at now, where the smoothed one
+        (GraVAC's EWMA, alpha = N/100) still remembers the switch."""
+        samples = self._s["samples"][-2 * self.trial_steps:]
+        if len(samples) < 2 * self.trial_steps:
+            return None
+        return statistics.fmean(g for _, g, _, _ in samples)
+
+    def _drifted(self) -> bool:
+        """The chosen compressed method's recent gain fell more than ``recheck_within``
+        below the gain it was chosen with: the measurement that chose it no longer holds
+        (PowerSGD's gain, measured right after a switch, decays as error feedback fills the
+        residual), so the methods close to it are measured again now."""
+        s, recent = self._s, self._recent_gain()
+        entry = s["table"].get(s["current"])
+        return (recent is not None and entry is not None
+                and not self._method(s["current"]).dense
+                and recent < (1 - self.recheck_within) * entry["gain"])
 
     def _next_cf_key(self) -> str | None:
         """The chosen sparse method's next CF, when it is a candidate."""
@@ -219,15 +253,22 @@ class Auto(Controller):
                 and (s.get("delta_c") or 0.0) >= self.epsilon and not self._eligible(key))
 
     # -- between phases (every rank, same order; rank 0's measurements) --------------------
-    def _measure(self, step: int, sync: Sync) -> dict:
+    def _measure(self, step: int, sync: Sync, reason: str | None = None) -> dict:
         """The current method's table entry from this phase's samples: rank 0's,
-        broadcast (only rank 0's timings count, as in GraVAC)."""
+        broadcast (only rank 0's timings count, as in GraVAC). ``reason``: why a run is
+        re-checked (logged with the entry)."""
         entry = self._summarise() if sync.rank == 0 else None
-        if entry is not None and self._s["phase"] == "run" and self._s["delta"] is not None:
-            entry["gain"] = self._s["delta"]    # a run's gain: the smoothed one, as it ends
+        if entry is not None and self._s["phase"] == "run" and \
+                not self._method(self._s["current"]).dense:
+            # A run's gain: what it sends at as it ends (recent, else the smoothed one).
+            recent = self._recent_gain()
+            delta = self._s["delta"]
+            entry["gain"] = recent if recent is not None else \
+                delta if delta is not None else entry["gain"]
         entry = sync.broadcast_object(entry, name="gravac.auto.measure")
         self._s["table"][self._s["current"]] = entry
-        self._log(step, "measured", self._s["current"], **entry)
+        extra = {} if reason is None else {"reason": reason}
+        self._log(step, "measured", self._s["current"], **entry, **extra)
         return entry
 
     def _summarise(self) -> dict:
@@ -249,8 +290,8 @@ class Auto(Controller):
         self._prune_by_gain(step)
         self._advance(step)
 
-    def _recheck(self, step: int, sync: Sync) -> None:
-        self._measure(step, sync)
+    def _recheck(self, step: int, sync: Sync, reason: str) -> None:
+        self._measure(step, sync, reason)
         s = self._s
         best = self._best_score()
         queue = [k for k, e in s["table"].items() if k != s["current"] and self._eligible(k)

@@ -182,3 +182,24 @@ def test_the_ladder_is_climbed_when_the_next_cfs_gain_clears_epsilon_during_the_
     assert [d["method"] for d in auto.decisions if d["event"] == "pruned"] == ["sparse:20"]
     assert ran[6:9] == ["sparse:10"] * 3 and ran[9:12] == ["sparse:20"] * 3
     assert auto.current == "sparse:20" and auto.phase == "run"
+
+
+def test_a_chosen_method_whose_recent_gain_drifts_below_its_measured_gain_is_rechecked():
+    """PowerSGD rank 4 wins its trial with gain 0.9 (score 2.25 against Top-k's 1.6); in the
+    run its gain decays to 0.7, still above ε, while Top-k's rose to 0.95. The re-check
+    comes once the recent gain is 15% below the chosen one (not after recheck_every), tries
+    Top-k again (within 15% of the run's score) and moves to it."""
+    auto = _auto(methods=["dense", "powersgd:4", "sparse:10"], alpha=0.02, recheck_every=1000)
+    times = {"dense": 1.0, "powersgd:4": 0.4, "sparse:10": 0.5}
+    phase_gains = {"powersgd:4": iter([0.9] * 3 + [0.7] * 100),
+                   "sparse:10": iter([0.8] * 3 + [0.95] * 100)}
+    ran = _drive(auto, 30, times.get, lambda k: next(phase_gains[k]))
+    assert ran[:9] == ["dense"] * 3 + ["powersgd:4"] * 3 + ["sparse:10"] * 3
+    chosen = [d["method"] for d in auto.decisions if d["event"] == "chosen"]
+    assert chosen == ["powersgd:4", "sparse:10"]
+    run = [d for d in auto.decisions if d["event"] == "measured" and d.get("reason")]
+    assert len(run) == 1 and run[0]["method"] == "powersgd:4"
+    assert run[0]["gain"] == pytest.approx(0.7)          # what it sends at now, not the EWMA
+    assert "recheck_within" in run[0]["reason"]
+    assert run[0]["step"] == 9 + 2 * 2 - 1                 # after 2 x trial_steps of the run
+    assert auto.current == "sparse:10" and auto.phase == "run"
