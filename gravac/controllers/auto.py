@@ -1,5 +1,5 @@
 """``Auto``: GraVAC's measured choice, over methods instead of one compressor's CFs
-(docs/ALGORITHM.md §16; ``controller: auto`` in configs).
+(docs/ALGORITHM.md §15; ``controller: auto`` in configs).
 
 The candidates are methods (``methods.py``): dense, fp16 on the wire, PowerSGD at a few
 ranks, the configured sparsifier at GraVAC's CF ladder. GraVAC's criterion chooses among
@@ -28,8 +28,10 @@ How it explores, cheaply:
   ``recheck_within`` of the best run a trial again, with the next sparse CF when the
   chosen method's smoothed candidate gain now clears ε and the safe end of a family whose
   gains ruled it out, so a change of phase or link is noticed. The re-check comes at
-  once when the chosen method's smoothed gain falls below ε, or when its candidate gain
-  clears ε for a CF not yet eligible (the ladder is climbed as GraVAC climbs it).
+  once when the chosen method's smoothed gain falls below ε, when its candidate gain
+  clears ε for a CF not yet eligible (the ladder is climbed as GraVAC climbs it), or when
+  its recent gain fell more than ``recheck_within`` below the gain it was chosen with (a
+  trial's few steps see the gain before error feedback filled the residual).
 
 Per step, a compressed method whose smoothed gain (EWMA with ``alpha``) falls below ε
 sends dense (GraVAC's fallback); its residual stays in error feedback. Every choice, trial

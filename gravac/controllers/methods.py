@@ -1,4 +1,4 @@
-"""Methods: what ``controller: auto`` chooses among (docs/ALGORITHM.md §16).
+"""Methods: what ``controller: auto`` chooses among (docs/ALGORITHM.md §15).
 
 A method is a whole way of sending a step's gradients: ``dense`` (as they are), ``fp16``
 (dense, cast to fp16 on the wire), ``powersgd:<rank>`` (PowerSGD at that rank, factors by
