@@ -19,10 +19,12 @@ How it explores, cheaply:
   energy the fewer entries it keeps). A PowerSGD rank whose gain is below ε rules out the
   lower ranks.
 * **Predicted, not run.** Before a trial, a lower bound of the candidate's step time is
-  predicted: the least local time measured so far (step time minus waits) plus the bytes
-  it would put on the link (``gravac.util.sizes``: ring allreduce / allgather terms)
-  at the best bandwidth measured so far. A candidate whose bound cannot beat the best
-  measured score (with ``tolerance``) is not run. Dense runs first: it calibrates the link.
+  predicted: the least local time measured so far (step time minus waits and the wire
+  buffers' packing) plus the bytes it would put on the link (``gravac.util.sizes``: ring
+  allreduce / allgather terms) at the best bandwidth measured so far. A candidate whose
+  bound cannot beat the best measured score (with ``tolerance``) is not run. fp16 runs
+  first (dense when fp16 is not a candidate): it calibrates the link at half dense's
+  bytes, and dense then runs only where its bound may win (a fast link).
 * **Re-checked.** After ``recheck_every`` steps of the chosen method, its entry is
   replaced by what those steps measured, and the methods whose score was within
   ``recheck_within`` of the best run a trial again, with the next sparse CF when the
@@ -143,9 +145,16 @@ class Auto(Controller):
         self._other_numel = int(other_numel)
         self._exchange = exchange
 
+    @property
+    def calibration(self) -> str:
+        """The method of the first trial, which calibrates the link: fp16 (half dense's
+        bytes, gain 1) when it is a candidate, else dense."""
+        return "fp16" if "fp16" in self._by_key else "dense"
+
     def _initial_state(self) -> dict:
-        return {"phase": "trial", "current": "dense", "round": 1, "step_in_phase": 0,
-                "queue": [m.key for m in self.candidates if m.key != "dense"],
+        first = self.calibration
+        return {"phase": "trial", "current": first, "round": 1, "step_in_phase": 0,
+                "queue": [m.key for m in self.candidates if m.key != first],
                 "samples": [], "pending": None, "delta": None, "delta_c": None, "table": {},
                 "decisions": []}
 
@@ -188,7 +197,8 @@ class Auto(Controller):
         measured = record.sent in (SENT_MIN, SENT_DENSE) and record.t_iter is not None
         if measured and (s["phase"] == "run" or s["step_in_phase"] > self.settle_steps):
             gain_min, gain_c = pending if pending is not None else (1.0, None)
-            s["samples"].append([record.t_iter, gain_min, gain_c, record.extra.get("t_comm")])
+            s["samples"].append([record.t_iter, gain_min, gain_c, record.extra.get("t_comm"),
+                                 record.extra.get("t_pack")])
         if s["phase"] == "trial" and s["step_in_phase"] >= self.settle_steps + self.trial_steps:
             self._end_trial(record.step, sync)
         elif s["phase"] == "run":
@@ -225,7 +235,7 @@ class Auto(Controller):
         samples = self._s["samples"][-2 * self.trial_steps:]
         if len(samples) < 2 * self.trial_steps:
             return None
-        return statistics.fmean(g for _, g, _, _ in samples)
+        return statistics.fmean(sample[1] for sample in samples)
 
     def _drifted(self) -> bool:
         """The chosen compressed method's recent gain fell more than ``recheck_within``
@@ -277,13 +287,17 @@ class Auto(Controller):
         samples = self._s["samples"]
         dense = self._method(self._s["current"]).dense
         if not samples:
-            return {"t": None, "t_comm": None, "gain": 1.0 if dense else 0.0, "gain_next": None,
-                    "steps": 0}
-        comm = [c for *_, c in samples if c is not None]
-        nexts = [g for _, _, g, _ in samples if g is not None]
-        return {"t": statistics.median(t for t, *_ in samples),
-                "t_comm": statistics.median(comm) if comm else None,
-                "gain": 1.0 if dense else statistics.fmean(g for _, g, _, _ in samples),
+            return {"t": None, "t_comm": None, "t_pack": None,
+                    "gain": 1.0 if dense else 0.0, "gain_next": None, "steps": 0}
+
+        def median_of(i):
+            # Sample: [t_iter, gain, next CF's gain, t_comm, t_pack] (t_pack: not in a
+            # checkpoint written before it was measured).
+            values = [x[i] for x in samples if len(x) > i and x[i] is not None]
+            return statistics.median(values) if values else None
+        nexts = [x[2] for x in samples if x[2] is not None]
+        return {"t": median_of(0), "t_comm": median_of(3), "t_pack": median_of(4),
+                "gain": 1.0 if dense else statistics.fmean(x[1] for x in samples),
                 "gain_next": statistics.fmean(nexts) if nexts else None,
                 "steps": len(samples)}
 
@@ -399,14 +413,16 @@ class Auto(Controller):
 
     def _predicted(self, key: str) -> float:
         """A lower bound of ``key``'s step time: the least local time measured plus its
-        link bytes at the best bandwidth measured (0 before anything was measured)."""
+        link bytes at the best bandwidth measured (0 before anything was measured). Local
+        time leaves out the waits and the packing of the wire buffers (fp16's casts), which
+        another method may not have."""
         seen = [(k, e) for k, e in self._s["table"].items()
                 if e["t"] is not None and e["t_comm"] is not None]
         rates = [e["t_comm"] / self.wire_bytes(k) for k, e in seen
                  if e["t_comm"] > 0 and self.wire_bytes(k) > 0]
         if not seen or not rates:
             return 0.0
-        local = min(max(e["t"] - e["t_comm"], 0.0) for _, e in seen)
+        local = min(max(e["t"] - e["t_comm"] - (e.get("t_pack") or 0.0), 0.0) for _, e in seen)
         return local + self.wire_bytes(key) * min(rates)
 
     def wire_bytes(self, key: str) -> float:

@@ -85,7 +85,9 @@ class StepPlan:
 @dataclass
 class StepRecord:
     """What the optimizer reports about a finished step (the same on every rank,
-    except timings, which only rank 0's matter)."""
+    except timings, which only rank 0's matter). ``extra``: the engine's step timings a
+    controller may read (``t_comm``: the waits; ``t_pack``: packing and unpacking the wire
+    buffers, e.g. fp16's casts)."""
 
     step: int
     sent: str

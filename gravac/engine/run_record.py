@@ -127,7 +127,8 @@ KINDS: Mapping[str, RecordKind] = MappingProxyType({k.name: k for k in (
     # next CF's gain_next over steps), "pruned" (with the reason), "chosen" (score =
     # gain / t, and every measured method's score). Several may share a step.
     _kind(METHOD, dict(time=NUMBER, step=STEP_INDEX, event=TEXT, method=TEXT, reason=TEXT,
-                       t=NUMBER, t_comm=NUMBER, gain=NUMBER, gain_next=NUMBER, steps=INT,
+                       t=NUMBER, t_comm=NUMBER, t_pack=NUMBER, gain=NUMBER,
+                       gain_next=NUMBER, steps=INT,
                        score=NUMBER, round=INT, scores=ANY)),
     _kind(NONFINITE, dict(step=STEP_INDEX, time=NUMBER, ranks=ANY)),
     _kind(ELASTIC_RESET, dict(step=STEP_INDEX, time=NUMBER, world_size=INT,

@@ -530,7 +530,10 @@ class StepEngine:
         self.controller.end_step(
             StepRecord(step=stats.step, sent=stats.sent, cf=stats.cf,
                        gain=1.0 if gain is None else gain, t_iter=t_iter,
-                       samples=samples, extra={"t_comm": stats.t_comm}), self.comm)
+                       samples=samples,
+                       extra={"t_comm": stats.t_comm,
+                              "t_pack": (stats.t_pack or 0.0) + (stats.t_unpack or 0.0)}),
+            self.comm)
         summary = self.controller.summary()
         stats.delta_min, stats.delta_c = summary.get("delta_min"), summary.get("delta_c")
 

@@ -9,16 +9,23 @@ SHAPES = {"embed": (1000, 64), "fc": (256, 512)}
 OTHER = 300
 
 
-def _auto(**kw) -> Auto:
+class _Sync2(LocalSync):
+    """Two ranks as the byte prediction counts them (one rank puts nothing on a link)."""
+    size = 2
+
+
+def _auto(world: int = 1, **kw) -> Auto:
     a = Auto(**{"trial_steps": 2, "settle_steps": 1, "recheck_every": 10, **kw})
-    a.bind(list(SHAPES), LocalSync())
+    a.bind(list(SHAPES), _Sync2() if world == 2 else LocalSync())
     a.observe_layers(SHAPES, OTHER, "allgather")
     return a
 
 
-def _drive(auto: Auto, steps: int, time_of, gain_of, next_gain_of=lambda m: None):
-    """Run ``steps`` scripted steps: the method planned gets ``time_of(key)`` seconds and
-    the gains ``gain_of(key)`` (its own) and ``next_gain_of(key)`` (the next CF's)."""
+def _drive(auto: Auto, steps: int, time_of, gain_of, next_gain_of=lambda m: None,
+           comm: float = 0.5):
+    """Run ``steps`` scripted steps: the method planned gets ``time_of(key)`` seconds
+    (``comm`` of them waits) and the gains ``gain_of(key)`` (its own) and
+    ``next_gain_of(key)`` (the next CF's)."""
     ran = []
     for step in range(steps):
         plan = auto.plan(step)
@@ -29,7 +36,7 @@ def _drive(auto: Auto, steps: int, time_of, gain_of, next_gain_of=lambda m: None
             sent = auto.decide(gain_of(key), next_gain_of(key))
         t = time_of(key)
         auto.end_step(StepRecord(step=step, sent=sent, cf=1.0, gain=1.0, t_iter=t,
-                                 samples=32, extra={"t_comm": 0.5 * t}), LocalSync())
+                                 samples=32, extra={"t_comm": comm * t}), LocalSync())
     return ran
 
 
@@ -63,8 +70,8 @@ def test_bad_options_name_the_option(kw, match):
         Auto(**kw)
 
 
-def test_dense_first_then_each_family_from_its_safe_end_and_gains_prune_what_keeps_less():
-    auto = _auto()
+def test_fp16_first_then_each_family_from_its_safe_end_and_gains_prune_what_keeps_less():
+    auto = _auto(world=2)
     times = {"dense": 1.0, "fp16": 0.8, "powersgd:4": 0.5, "powersgd:1": 0.4,
              "sparse:10": 0.6, "sparse:20": 0.55, "sparse:40": 0.5, "sparse:160": 0.45,
              "sparse:1000": 0.4}
@@ -72,14 +79,16 @@ def test_dense_first_then_each_family_from_its_safe_end_and_gains_prune_what_kee
     nexts = {"sparse:10": 0.8, "sparse:20": 0.45}      # sparse:40's gain, seen from sparse:20
     ran = _drive(auto, 3 * 7, times.get, lambda k: gains.get(k, 0.0), nexts.get)
     trials = [ran[i] for i in range(0, len(ran), 3)]
-    assert trials[0] == "dense"
+    assert trials[0] == "fp16" == auto.calibration      # it calibrates the link
     assert "powersgd:1" not in ran       # rank 4 below ε: rank 1 keeps less
     assert "sparse:40" not in ran and "sparse:160" not in ran and "sparse:1000" not in ran
     assert ran.index("sparse:10") < ran.index("sparse:20")          # the ladder is climbed
     pruned = {d["method"]: d["reason"] for d in auto.decisions if d["event"] == "pruned"}
-    assert set(pruned) == {"powersgd:1", "sparse:40", "sparse:160", "sparse:1000"}
+    assert set(pruned) == {"powersgd:1", "sparse:40", "sparse:160", "sparse:1000", "dense"}
+    # Dense: fp16's local 0.4 s + twice its 0.4 s of waits = 1.2 s >= 1.1 / fp16's score.
+    assert "dense" not in ran and "predicted step time >= 1.2s" in pruned["dense"]
     chosen = [d for d in auto.decisions if d["event"] == "chosen"]
-    # Scores gain / t: dense 1, fp16 1.25, sparse:10 1.5, sparse:20 0.8/0.55 = 1.45.
+    # Scores gain / t: fp16 1.25, sparse:10 1.5, sparse:20 0.8/0.55 = 1.45.
     assert chosen[0]["method"] == "sparse:10" == auto.current and auto.phase == "run"
     assert chosen[0]["scores"]["powersgd:4"] == 0.0             # ineligible: gain < ε
     assert chosen[0]["score"] == pytest.approx(0.9 / 0.6)
@@ -146,15 +155,35 @@ def test_wire_bytes_follow_the_size_arithmetic():
 
 
 def test_recheck_measures_the_run_and_tries_the_close_methods_again():
-    auto = _auto(methods=["dense", "fp16", "sparse:10"], recheck_every=4)
+    """A fast link (waits 5% of a step): dense's bound may win, so it runs after fp16
+    calibrated the link (the sparse CF, predicted faster, first)."""
+    auto = _auto(world=2, methods=["dense", "fp16", "sparse:10"], recheck_every=4)
     times = {"dense": 1.0, "fp16": 0.9, "sparse:10": 2.0}
-    ran = _drive(auto, 9 + 4 + 3, times.get, lambda k: 0.9)
-    assert ran[:9] == ["dense"] * 3 + ["fp16"] * 3 + ["sparse:10"] * 3
+    ran = _drive(auto, 9 + 4 + 3, times.get, lambda k: 0.9, comm=0.05)
+    assert ran[:9] == ["fp16"] * 3 + ["sparse:10"] * 3 + ["dense"] * 3
     assert ran[9:13] == ["fp16"] * 4                     # the choice runs
     # The re-check: dense is within 15% of fp16's score, sparse:10 (score 0.45) is not.
     assert ran[13:16] == ["dense"] * 3
     measured = [d["method"] for d in auto.decisions if d["event"] == "measured"]
-    assert measured == ["dense", "fp16", "sparse:10", "fp16", "dense"]
+    assert measured == ["fp16", "sparse:10", "dense", "fp16", "dense"]
+
+
+@pytest.mark.parametrize("t_pack, dense_runs", [(0.0, False), (0.15, True)])
+def test_the_bound_leaves_out_the_packing_that_dense_does_not_have(t_pack, dense_runs):
+    """fp16 measured at 1 s, 0.05 s of waits and 0.15 s casting to and from fp16: dense's
+    bound is 0.8 + 2 x 0.05 = 0.9 s (it may win: it runs); counted as local time, the
+    casts would have made it 1.05 s and pruned it (tolerance 0)."""
+    auto = _auto(world=2, methods=["dense", "fp16"], tolerance=0.0)
+    ran = []
+    for step in range(6):
+        if step == 3:        # fp16's trial measured: dense's bound
+            assert auto._predicted("dense") == pytest.approx(1.0 - 0.05 - t_pack + 0.1)
+        ran.append(auto.plan(step).method.key)
+        auto.end_step(StepRecord(step=step, sent=SENT_MIN, cf=1.0, gain=1.0, t_iter=1.0,
+                                 samples=32, extra={"t_comm": 0.05, "t_pack": t_pack}),
+                      LocalSync())
+    assert ran[:3] == ["fp16"] * 3
+    assert (ran[3:6] == ["dense"] * 3) == dense_runs
 
 
 def test_state_dict_resumes_to_the_same_decisions():
