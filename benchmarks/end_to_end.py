@@ -222,7 +222,9 @@ def load(run_dir: Path) -> dict:
 
     run = load_run(run_dir)
     return {"steps": run.steps, "windows": run.windows,
-            "eval": run.evals[-1] if run.evals else {}}
+            "eval": run.evals[-1] if run.evals else {},
+            "chosen": [(e["step"], e["method"]) for e in run.method_events
+                       if e.get("event") == "chosen"]}
 
 
 def smoothed(steps: list[dict], width: int = 10) -> list[float]:
@@ -241,9 +243,12 @@ def summarize(run: dict, target: float, warmup: int = 10) -> dict:
     reached = next((s["time"] for s, l in zip(steps, smooth) if l <= target), None)
     tail = steps[-max(1, len(steps) // 10):]
     sent_counts: dict[str, int] = {}
+    method_counts: dict[str, int] = {}
     for s in steps:
         key = f"{s['sent']}@{s['cf']:g}"
         sent_counts[key] = sent_counts.get(key, 0) + 1
+        if s.get("method"):
+            method_counts[s["method"]] = method_counts.get(s["method"], 0) + 1
     return {
         "samples_per_sec": throughput,
         "time": s1["time"],
@@ -254,6 +259,9 @@ def summarize(run: dict, target: float, warmup: int = 10) -> dict:
                  {"perplexity": run["eval"].get("perplexity")}),
         "floats_ratio": s1["cum_floats_sent"] / s1["cum_dense_floats"],
         "sent": sent_counts,
+        # controller: auto: steps per method, and (step, method) of each choice.
+        "methods": method_counts,
+        "chosen": run.get("chosen", []),
         "windows": [(w["step"], w["theta_min"], w["theta_c"],
                      "dense" if w.get("on_dense") else ("yes" if w["settled"] else "no"))
                     for w in run["windows"]],
@@ -284,6 +292,11 @@ def table(rate: str, results: dict[str, dict], target: float, backend: str) -> s
             f"| {next(iter(r['eval'].values())):.4g} | {r['floats_ratio']:.4f} |")
     for name in (n for n in results if n.startswith("gravac")):
         g = results[name]
+        if g.get("chosen"):
+            # controller: auto: what it ran, and which method it chose at which step.
+            lines += ["", f"{name}: steps per method: {g['methods']}; chosen (step: method): "
+                      + ", ".join(f"{step}: {method}" for step, method in g["chosen"])]
+            continue
         lines += ["", f"{name}: steps per sent@CF: {g['sent']}; windows (step, θmin, θc, "
                   "saturated, or dense under settle_dense): " +
                   ", ".join(f"({s}, {a:g}, {b:g}, {c})" for s, a, b, c in g["windows"])]

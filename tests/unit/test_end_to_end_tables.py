@@ -6,7 +6,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "benchmarks"))
-from end_to_end import METHODS, peer_table, powersgd_start, round_dir, rounds_table  # noqa: E402
+from end_to_end import (METHODS, peer_table, powersgd_start, round_dir, rounds_table,  # noqa: E402
+                        summarize, table)
 
 
 def test_ddp_powersgd_starts_after_a_tenth_of_the_run_and_never_before_step_2():
@@ -76,3 +77,20 @@ def test_rounds_table_takes_each_ratio_to_its_own_rounds_dense():
 def test_one_round_keeps_its_runs_where_they_always_were(tmp_path):
     assert round_dir(tmp_path, 1, 1) == tmp_path
     assert round_dir(tmp_path, 2, 3) == tmp_path / "round2"
+
+
+def test_an_auto_run_says_what_it_ran_and_which_method_it_chose_when():
+    def step(i, method):
+        return {"step": i, "time": 0.1 * i, "t_iter": 0.1, "samples_per_sec": 320.0,
+                "loss": 2.0 - 0.01 * i, "sent": "dense" if method == "fp16" else "min",
+                "cf": 1.0 if method == "fp16" else 10.0, "method": method,
+                "cum_floats_sent": 50.0, "cum_dense_floats": 100.0}
+    steps = [step(i, "fp16" if i < 5 or i >= 10 else "sparse:10") for i in range(40)]
+    run = {"steps": steps, "windows": [], "eval": {"loss": 1.5, "top1": 0.5},
+           "chosen": [(10, "fp16"), (35, "fp16")]}
+    auto = summarize(run, target=1.8)
+    assert auto["methods"] == {"fp16": 35, "sparse:10": 5}
+    dense = summarize({**run, "chosen": []}, target=1.8)
+    text = table("1gbit", {"dense": dense, "gravac_auto": auto}, 1.8, "torch")
+    assert ("gravac_auto: steps per method: {'fp16': 35, 'sparse:10': 5}; "
+            "chosen (step: method): 10: fp16, 35: fp16") in text
