@@ -6,7 +6,8 @@ With the EWMA-smoothed whole-model gains δmin, δc, agreed across ranks, it sen
 candidate if δc ≥ ε, else θmin if δmin ≥ ε, else dense. Every ``window`` steps rank 0
 evaluates (the paper's CheckGraVAC): θmin scales up to θc when their gains are within ω,
 θc climbs the ladder, and when the two best compression throughputs (T_sys · gain) are
-within ω, θc becomes θideal, the smaller of their CFs. The evaluation runs every window on
+within ω of the second best (Algorithm 1, line 36), θc becomes θideal, the lower of their
+CFs (the paper's text). The evaluation runs every window on
 the current table, so its answer follows the table: nothing is final. It is broadcast so
 every rank adopts it.
 
@@ -31,6 +32,10 @@ Extensions, each opt-in and measured in docs/BENCHMARKS.md (docs/ALGORITHM.md §
   for both compression levels), train dense without compressing; every ``dense_reprobe``
   dense windows, one window runs the ladder again (θmin and the next candidate, with the
   gain averages restarted from that window's samples) so a phase change is noticed.
+* ``saturation="second_best"``: θideal is the CF of the second best throughput, as
+  Algorithm 1's line 37 writes it (ct[-2]), which is the larger CF when the larger CF is
+  the slightly slower one. The default keeps the paper's text, "the lower CF" of the two:
+  of two CFs that train equally fast, the one that leaves less error in the residual.
 * ``warmup_windows=W``: the first W windows run at θmin only (the paper: none).
 * ``gain_measure="norm"``: Σ‖g_c‖ / Σ‖g‖ (the authors' public code) instead of the energy
   ratio Σ‖g_c‖² / Σ‖g_ef‖² of Algorithm 1; the optimizer measures it (``StepPlan``).
@@ -52,6 +57,9 @@ from .base import (GAIN_MEASURES, SENT_CANDIDATE, SENT_DENSE, SENT_MIN, Controll
 from .ladder import POLICIES, build_ladder, next_rung
 
 SCALE_UP_RULES = ("gain", "epsilon")
+#: θideal when the two best compression throughputs are within ω of the second best: the
+#: lower of their CFs (the paper's text) or the second best's CF (Algorithm 1, line 37).
+SATURATION_RULES = ("lower_cf", "second_best")
 #: Which gains decide what a step sends: this step's (Algorithm 1) or the previous step's (E7).
 DECIDE_RULES = ("current", "previous")
 
@@ -86,6 +94,9 @@ class GraVAC(Controller):
         decide: ``"current"`` (the paper: this step's agreed gains decide what it sends)
             or ``"previous"`` (the smoothed gains up to the previous step decide, so the
             level is known before backward; extension E7).
+        saturation: when the best compression throughput is within ω of the second best
+            (Algorithm 1, line 36), θideal is ``"lower_cf"`` the lower CF of the two (the
+            paper's text) or ``"second_best"`` the second best's CF (line 37 as written).
 
     Example::
 
@@ -100,7 +111,8 @@ class GraVAC(Controller):
                  omega: float = 0.01, window: int = 500, policy: str = "exponential",
                  alpha: float | None = None, gain_measure: str = "energy",
                  warmup_windows: int = 0, dense_probe_steps: int = 0, scale_up: str = "gain",
-                 settle_dense: bool = False, dense_reprobe: int = 4, decide: str = "current"):
+                 settle_dense: bool = False, dense_reprobe: int = 4, decide: str = "current",
+                 saturation: str = "lower_cf"):
         _check_number("theta_min", theta_min, "a number >= 1", lambda v: v >= 1)
         _check_number("theta_max", theta_max, f"a number >= theta_min ({theta_min})",
                       lambda v: v >= theta_min)
@@ -121,6 +133,7 @@ class GraVAC(Controller):
                              "true or false")
         _check_int("dense_reprobe", dense_reprobe, "an int >= 1 (windows)", lambda v: v >= 1)
         _check_choice("decide", decide, DECIDE_RULES)
+        _check_choice("saturation", saturation, SATURATION_RULES)
         self.theta_min0 = float(theta_min)
         self.theta_max = float(theta_max)
         self.epsilon = float(epsilon)
@@ -135,6 +148,7 @@ class GraVAC(Controller):
         self.settle_dense = settle_dense
         self.dense_reprobe = dense_reprobe
         self.decide_rule = decide
+        self.saturation = saturation
         self.ladder = build_ladder(self.theta_min0, self.theta_max, policy)
         self._state = self._initial_state(alpha if alpha is not None else default_alpha(1))
 
@@ -310,7 +324,7 @@ class GraVAC(Controller):
                 s["theta_c"] = next_rung(self.ladder, s["theta_c"])
                 advanced = True
             # CheckGraVAC on the current table, every window: the answer may change.
-            ideal = saturation_point(s["table"], self.omega)
+            ideal = saturation_point(s["table"], self.omega, self.saturation)
             s["settled"] = ideal is not None
             if ideal is not None:
                 s["theta_c"] = ideal
@@ -366,7 +380,8 @@ class GraVAC(Controller):
             # decision on the step's own gains.
             theirs = {"dense_probe_steps": 0, "scale_up": "gain", "gain_measure": "energy",
                       "warmup_windows": 1, "settle_dense": "permanent (before issue 11)",
-                      "dense_reprobe": None, "decide": "current", **theirs}
+                      "dense_reprobe": None, "decide": "current",
+                      "saturation": "lower_cf", **theirs}
         if theirs and theirs != mine:
             diff = {k: (theirs.get(k), mine.get(k)) for k in mine if theirs.get(k) != mine.get(k)}
             raise ValueError(f"GraVAC state was saved with other hyperparameters "
@@ -380,7 +395,7 @@ class GraVAC(Controller):
                 "gain_measure": self.gain_measure, "warmup_windows": self.warmup_windows,
                 "dense_probe_steps": self.dense_probe_steps, "scale_up": self.scale_up,
                 "settle_dense": self.settle_dense, "dense_reprobe": self.dense_reprobe,
-                "decide": self.decide_rule}
+                "decide": self.decide_rule, "saturation": self.saturation}
 
     def __repr__(self) -> str:
         return (f"GraVAC(theta_min={self.theta_min0:g}, theta_max={self.theta_max:g}, "
@@ -388,13 +403,15 @@ class GraVAC(Controller):
                 f"policy={self.policy!r})")
 
 
-def saturation_point(table: dict, omega: float):
+def saturation_point(table: dict, omega: float, rule: str = "lower_cf"):
     """θideal, where compression throughput saturates, or None while it still grows.
 
-    The paper's CheckGraVAC: the smaller CF of the two best compression throughputs when
-    they are within ω (relative to the best). Only CFs of the ladder take part: dense
-    (CF 1) may be in the table, but θideal sets the candidate θc, which dense cannot be
-    (dense is reached per step through ε, or by ``dense_pays`` with ``settle_dense``).
+    The paper's CheckGraVAC (Algorithm 1, lines 36-37): with ct the throughputs sorted
+    ascending, saturated when |ct[-1] - ct[-2]| / ct[-2] <= ω; θideal is the lower CF of the
+    two (``rule="lower_cf"``, the paper's text) or the CF of ct[-2] (``"second_best"``, line
+    37 as written). Only CFs of the ladder take part: dense (CF 1) may be in the table, but
+    θideal sets the candidate θc, which dense cannot be (dense is reached per step through
+    ε, or by ``dense_pays`` with ``settle_dense``).
 
     >>> saturation_point({1280.0: 1029.9, 2000.0: 1035.4, 640.0: 900.0}, 0.01)
     1280.0
@@ -402,16 +419,18 @@ def saturation_point(table: dict, omega: float):
     True
     >>> saturation_point({1.0: 1100.0, 10.0: 500.0, 20.0: 502.0}, 0.01)
     10.0
+    >>> saturation_point({10.0: 502.0, 20.0: 500.0}, 0.01)
+    10.0
+    >>> saturation_point({10.0: 502.0, 20.0: 500.0}, 0.01, "second_best")
+    20.0
     """
     compressed = {cf: t for cf, t in table.items() if float(cf) > 1.0}
     if len(compressed) < 2:
         return None
     (cf1, t1), (cf2, t2) = sorted(compressed.items(), key=lambda kv: kv[1], reverse=True)[:2]
-    if t1 <= 0:
+    if t2 <= 0 or abs(t1 - t2) / t2 > omega:
         return None
-    if (t1 - t2) / t1 <= omega:
-        return min(cf1, cf2)
-    return None
+    return cf2 if rule == "second_best" else min(cf1, cf2)
 
 
 def dense_pays(table: dict, omega: float) -> bool:

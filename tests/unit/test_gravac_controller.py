@@ -277,6 +277,13 @@ def test_resume_from_state_dict_makes_the_same_decisions():
     with pytest.raises(ValueError, match="other hyperparameters.*decide"):
         GraVAC(theta_min=10, theta_max=1000, window=7, alpha=0.3,
                decide="previous").load_state_dict(old)
+    # One saved before saturation existed chose the lower CF: it loads into that only.
+    old = first.state_dict()
+    del old["hyper"]["saturation"]
+    make().load_state_dict(old)
+    with pytest.raises(ValueError, match="other hyperparameters.*saturation"):
+        GraVAC(theta_min=10, theta_max=1000, window=7, alpha=0.3,
+               saturation="second_best").load_state_dict(old)
 
 
 @pytest.mark.parametrize("kwargs,match", [
@@ -295,3 +302,34 @@ def test_resume_from_state_dict_makes_the_same_decisions():
 def test_bad_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
         GraVAC(**kwargs)
+
+
+def test_saturation_relative_to_the_second_best_and_both_choices_of_theta_ideal():
+    """Algorithm 1, line 36: within ω of the second best (1% of 1000, not of 1010). Line 37
+    takes the second best's CF (``saturation="second_best"``, here the larger CF); the
+    default keeps the paper's text, the lower CF of the two."""
+    assert saturation_point({10.0: 1010.0, 20.0: 1000.0}, 0.01) == 10.0
+    assert saturation_point({10.0: 1010.0, 20.0: 1000.0}, 0.01, "second_best") == 20.0
+    assert saturation_point({10.0: 1010.0, 20.0: 1000.0}, 0.00999) is None  # 1% > ω
+    assert saturation_point({10.0: 1000.0, 20.0: 1010.0}, 0.00999) is None
+    speed = {20: 603.0, 40: 600.0, 160: 400.0, 1000: 300.0}
+    chosen = {}
+    for rule in ("lower_cf", "second_best"):
+        ctrl = GraVAC(theta_min=10, theta_max=1000, omega=0.01, window=4, alpha=1.0,
+                      saturation=rule)
+        run(ctrl, 8, lambda s, p: (1.0, 1.0), lambda cf: speed[int(cf)])
+        assert ctrl.settled
+        chosen[rule] = ctrl.theta_c
+    assert chosen == {"lower_cf": 20, "second_best": 40}
+    assert GraVAC().saturation == "lower_cf"
+    with pytest.raises(ValueError, match="saturation"):
+        GraVAC(saturation="largest")
+
+
+def test_the_table_holds_each_cfs_mean_over_the_window():
+    """The throughput table's entry of a CF is the mean of T_compress over the window's
+    steps that sent it (not the last step's, as in the authors' code)."""
+    ctrl = GraVAC(theta_min=10, theta_max=1000, window=4, alpha=1.0)
+    speeds = iter([100.0, 200.0, 300.0, 600.0])
+    run(ctrl, 4, lambda s, p: (1.0, 1.0), lambda cf: next(speeds))
+    assert ctrl.decisions[0]["table"] == {20.0: pytest.approx(300.0)}
