@@ -139,6 +139,22 @@ class DistributedOptimizerMixin:
         self._should_synchronize = True
         self._context = None
 
+    def restart_step_clock(self) -> None:
+        """Count the next step's time from now: call it after work between two steps that
+        is not training (evaluation, checkpoints, logging), so that the step's t_compute
+        and t_iter, and the controller's throughput table, hold training time only
+        (``train.py``'s loop calls it before every step). Before the first step, and
+        after an elastic reset, there is no step time to restart: nothing changes.
+
+        Example::
+
+            opt.step()
+            evaluate(model)
+            opt.restart_step_clock()     # the evaluation is not in the next step's time
+        """
+        if self._last_step_end is not None:
+            self._last_step_end = self._engine.now()
+
     def remove_hooks(self) -> None:
         """Detach the backward hooks of ``overlap=True`` (before wrapping the same model
         in another optimizer); ``step()`` then does the whole step itself."""

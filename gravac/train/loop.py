@@ -331,10 +331,13 @@ class Trainer:
         self.model.train()
         watchdog = StallWatchdog(cfg.run.stall_timeout, self.rank).start()
         samples_per_step = cfg.data.batch_size * self.world
-        last_end = time.perf_counter()
         batches = self.task.batches(self.epoch, self.batch_in_epoch)
         try:
             while self.step < self.total_steps:
+                # A step's time starts here: the logging, evaluation and checkpoint after
+                # the previous step are not training time (nor in the controller's table).
+                last_end = time.perf_counter()
+                method.begin_step(opt)
                 batch = next(batches, None)
                 if batch is None:                  # end of an epoch, the same step on all ranks
                     if self.controller is not None:
@@ -350,8 +353,7 @@ class Trainer:
                 self.scheduler.step()
                 self.step += 1
                 self.batch_in_epoch += 1
-                now = time.perf_counter()
-                t_iter, last_end = now - last_end, now
+                t_iter = time.perf_counter() - last_end
                 self._log_step(loss, lr, t_iter, samples_per_step)
                 watchdog.beat()
                 step = self.step
@@ -372,7 +374,6 @@ class Trainer:
                 if after_step is not None:
                     with watchdog.paused():
                         after_step()
-                    last_end = time.perf_counter()
         finally:
             watchdog.stop()
 

@@ -111,6 +111,10 @@ class Method(abc.ABC):
         with opt.skip_synchronize():
             opt.step()
 
+    def begin_step(self, opt) -> None:
+        """A training step begins: what ran since the last one (evaluation, checkpoint,
+        logging) is not in its time (gravac's controllers measure step time)."""
+
     def step_stats(self, opt, step: int, dense_numel: int) -> StepStats:
         """The step record of the step just taken (0-based ``step``): a plain dense
         allreduce of ``dense_numel`` elements for the baselines."""
@@ -206,6 +210,9 @@ class Gravac(Method):
                 + ("" if opt.buckets is None else
                    f"; overlapped with backward in {len(opt.buckets)} bucket(s)")
                 + ("" if c.exchange == "allgather" else f"; exchange {c.exchange}"))
+
+    def begin_step(self, opt):
+        opt.restart_step_clock()
 
     def step_stats(self, opt, step, dense_numel):
         return opt.last_stats

@@ -366,3 +366,28 @@ def test_nonfinite_check_is_exact_where_a_sum_overflows():
             t[17] = bad
             assert has_nonfinite([torch.zeros(4), t])
     assert not has_nonfinite([])
+
+
+def test_restarting_the_step_clock_leaves_what_ran_between_steps_out():
+    """An evaluation between two steps (10 s on a scripted clock) is in the next step's
+    t_compute and t_iter, and in the controller's, unless ``restart_step_clock`` is called
+    after it: then the step counts from the restart (2 s of compute)."""
+    clock = {"now": 0.0}
+    named = _params(4096)
+    ctrl = _RecordingGraVAC(theta_min=10, theta_max=1000, window=100, alpha=1.0, epsilon=0.01)
+    opt = _optimizer(named, ctrl)
+    opt._engine.now = lambda: clock["now"]           # a clock the test moves
+    g = torch.Generator().manual_seed(5)
+    t_iters = {}
+    for label, restart in (("first", False), ("evaluated", False), ("restarted", True)):
+        clock["now"] += 10.0                         # the evaluation after the last step
+        if restart:
+            opt.restart_step_clock()
+        clock["now"] += 2.0                          # forward and backward
+        _set_grads(named, [torch.randn(4096, generator=g)])
+        opt.step()
+        t_iters[label] = (opt.last_stats.t_compute, opt.last_stats.t_iter,
+                          ctrl.records[-1].t_iter)
+    assert t_iters["first"] == (None, None, None)    # nothing to time the first step from
+    assert t_iters["evaluated"] == (12.0, 12.0, 12.0)
+    assert t_iters["restarted"] == (2.0, 2.0, 2.0)
