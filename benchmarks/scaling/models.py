@@ -25,6 +25,7 @@ PTB_VOCAB = 10_000
 def model_kwargs(cfg) -> tuple[dict, str, tuple]:
     """The ``build_model`` options of a config as gravac/train/tasks.py would make them,
     without reading data: (kwargs, input kind "image"/"text", input shape per rank)."""
+    from gravac.models import IMAGE_MODELS
     from gravac.train.tasks import data_options
 
     d = cfg.data
@@ -39,7 +40,7 @@ def model_kwargs(cfg) -> tuple[dict, str, tuple]:
     defaults: dict = {"num_classes": classes}
     if cfg.model.name in ("small_cnn", "wide_head_cnn"):
         defaults.update(in_channels=channels, image_size=size)
-    elif cfg.model.name in ("resnet18", "resnet50", "resnet101", "vgg16"):
+    elif cfg.model.name in IMAGE_MODELS:
         defaults.update(in_channels=channels)
     return ({**defaults, **cfg.model.options}, "image", (d.batch_size, channels, size, size))
 

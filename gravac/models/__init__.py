@@ -5,8 +5,11 @@ file (resnet.py, vgg.py, lstm.py, cnn.py); this module is the registry.
   32x32 inputs).
 * ``vgg16``: the usual CIFAR VGG-16 (optionally with BatchNorm), classifier width
   configurable so a benchmark can make the dense layers large.
-* ``LSTMLanguageModel``: the 2-layer LSTM language model of Zaremba et al. / the PyTorch
-  ``word_language_model`` example, with optional weight tying.
+* ``LSTMLanguageModel`` (``lstm``): the 2-layer LSTM language model of Zaremba et al. / the
+  PyTorch ``word_language_model`` example, with optional weight tying.
+* The models of the GraVAC paper's Table 1, as the authors built them: ``resnet101_paper``
+  (torchvision's ``resnet101()``, ~170 MiB), ``vgg16_paper`` (torchvision's ``vgg16_bn()``,
+  ~528 MiB) and ``lstm_paper`` (untied, 1500 x 2; ~252 MiB on 10,000 words).
 * ``SmallCNN``: a tiny CNN for the demo on scikit-learn's 8x8 digits.
 * ``build_model(name, **kwargs)``: build any of the above by name.
 
@@ -23,27 +26,37 @@ from typing import Callable
 from torch import nn
 
 from .cnn import SmallCNN, WideHeadCNN
-from .lstm import Hidden, LSTMLanguageModel, detach_hidden
-from .resnet import BasicBlock, Bottleneck, ResNet, resnet18, resnet50, resnet101
-from .vgg import VGG, VGG16_CFG, vgg16
+from .lstm import Hidden, LSTMLanguageModel, detach_hidden, lstm_paper
+from .resnet import BasicBlock, Bottleneck, ResNet, resnet18, resnet50, resnet101, resnet101_paper
+from .vgg import VGG, VGG16_CFG, vgg16, vgg16_paper
 
 __all__ = ["BasicBlock", "Bottleneck", "ResNet", "resnet18", "resnet50", "resnet101",
-           "VGG", "VGG16_CFG", "vgg16", "LSTMLanguageModel", "Hidden", "detach_hidden",
-           "SmallCNN", "WideHeadCNN", "MODEL_NAMES", "build_model"]
+           "resnet101_paper", "VGG", "VGG16_CFG", "vgg16", "vgg16_paper", "LSTMLanguageModel",
+           "Hidden", "detach_hidden", "lstm_paper", "SmallCNN", "WideHeadCNN", "MODEL_NAMES",
+           "IMAGE_MODELS", "LANGUAGE_MODELS", "build_model"]
 
 
 _REGISTRY: dict[str, Callable[..., nn.Module]] = {
     "resnet18": resnet18,
     "resnet50": resnet50,
     "resnet101": resnet101,
+    "resnet101_paper": resnet101_paper,
     "vgg16": vgg16,
+    "vgg16_paper": vgg16_paper,
     "lstm": LSTMLanguageModel,
+    "lstm_paper": lstm_paper,
     "small_cnn": SmallCNN,
     "wide_head_cnn": WideHeadCNN,
 }
 
 #: Names accepted by ``build_model``.
 MODEL_NAMES: tuple[str, ...] = tuple(_REGISTRY)
+#: Language models (token ids in, next-token logits out): they take ``vocab_size``.
+LANGUAGE_MODELS: tuple[str, ...] = ("lstm", "lstm_paper")
+#: Image classifiers of any input size that take ``in_channels`` (the data's channels are
+#: their default); ``small_cnn``/``wide_head_cnn`` also take ``image_size``.
+IMAGE_MODELS: tuple[str, ...] = ("resnet18", "resnet50", "resnet101", "resnet101_paper",
+                                 "vgg16", "vgg16_paper")
 
 
 def build_model(name: str, **kwargs) -> nn.Module:

@@ -1,9 +1,13 @@
-"""CIFAR-style ResNets (3x3 stem, no max-pool, 32x32 inputs): ResNet-18/50/101.
+"""ResNets: CIFAR-style (3x3 stem, no max-pool, 32x32 inputs) ResNet-18/50/101, and the
+GraVAC paper's ResNet-101 (``resnet101_paper``: torchvision's ``resnet101()`` layout, a 7x7
+stride-2 stem and a max-pool, 1000 classes: 44,549,160 parameters, ~170 MiB in fp32, the
+size of the paper's Table 1; the authors trained it unchanged on CIFAR-10).
 
 Example::
 
     model = resnet101(num_classes=10)
     logits = model(torch.randn(2, 3, 32, 32))          # [2, 10]
+    paper = resnet101_paper()                          # [2, 1000] on the same input
 """
 from __future__ import annotations
 
@@ -75,14 +79,21 @@ def _shortcut(in_planes: int, out_planes: int, stride: int) -> nn.Module:
                          nn.BatchNorm2d(out_planes))
 
 
+#: Stems: "cifar" (3x3 conv, stride 1, no max-pool) or "imagenet" (torchvision's: 7x7 conv,
+#: stride 2, then a 3x3 stride-2 max-pool).
+STEMS = ("cifar", "imagenet")
+
+
 class ResNet(nn.Module):
-    """CIFAR-style ResNet: 3x3 stem conv (no max-pool), four stages, global average pool.
+    """ResNet: a stem, four stages, global average pool, a linear classifier.
 
     Args:
         block: ``BasicBlock`` or ``Bottleneck``.
         num_blocks: blocks per stage, e.g. ``(2, 2, 2, 2)`` for ResNet-18.
         num_classes: output logits.
         in_channels: input image channels.
+        stem: ``"cifar"`` (3x3 conv, no max-pool) or ``"imagenet"`` (torchvision's 7x7
+            stride-2 conv and max-pool).
 
     Input ``[batch, in_channels, H, W]`` (32x32 for CIFAR), output ``[batch, num_classes]``.
 
@@ -92,10 +103,17 @@ class ResNet(nn.Module):
     """
 
     def __init__(self, block: type[BasicBlock] | type[Bottleneck], num_blocks: tuple[int, ...],
-                 num_classes: int = 10, in_channels: int = 3):
+                 num_classes: int = 10, in_channels: int = 3, stem: str = "cifar"):
         super().__init__()
         check_positive(num_classes=num_classes, in_channels=in_channels)
-        self.conv1 = nn.Conv2d(in_channels, 64, 3, stride=1, padding=1, bias=False)
+        if stem not in STEMS:
+            raise ValueError(f"resnet: stem must be one of {', '.join(STEMS)}, got {stem!r}")
+        if stem == "cifar":
+            self.conv1 = nn.Conv2d(in_channels, 64, 3, stride=1, padding=1, bias=False)
+            self.pool = nn.Identity()
+        else:
+            self.conv1 = nn.Conv2d(in_channels, 64, 7, stride=2, padding=3, bias=False)
+            self.pool = nn.MaxPool2d(3, stride=2, padding=1)
         self.bn1 = nn.BatchNorm2d(64)
         in_planes = 64
         stages = []
@@ -111,7 +129,7 @@ class ResNet(nn.Module):
         init_conv_bn(self)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = F.relu(self.bn1(self.conv1(x)))
+        out = self.pool(F.relu(self.bn1(self.conv1(x))))
         out = self.layer4(self.layer3(self.layer2(self.layer1(out))))
         out = F.adaptive_avg_pool2d(out, 1).flatten(1)
         return self.linear(out)
@@ -145,3 +163,14 @@ def resnet101(num_classes: int = 10, in_channels: int = 3) -> ResNet:
         model = resnet101(num_classes=10)
     """
     return ResNet(Bottleneck, (3, 4, 23, 3), num_classes, in_channels)
+
+
+def resnet101_paper(num_classes: int = 1000, in_channels: int = 3) -> ResNet:
+    """The GraVAC paper's ResNet-101: torchvision's ``resnet101()`` layout (7x7 stem and
+    max-pool, 1000 classes by default: 44,549,160 parameters, ~170 MiB in fp32).
+
+    Example::
+
+        resnet101_paper()(torch.randn(2, 3, 32, 32)).shape   # [2, 1000]
+    """
+    return ResNet(Bottleneck, (3, 4, 23, 3), num_classes, in_channels, stem="imagenet")

@@ -446,14 +446,15 @@ def validate(cfg: Config) -> None:
 
     _require(r.device in DEVICES, "run.device", r.device, f"must be one of {', '.join(DEVICES)}")
 
-    from ..models import MODEL_NAMES
+    from ..models import LANGUAGE_MODELS, MODEL_NAMES
     _require(cfg.model.name in MODEL_NAMES, "model.name", cfg.model.name,
              f"must be one of {', '.join(MODEL_NAMES)}")
     _require(d.name in DATASETS, "data.name", d.name, f"must be one of {', '.join(DATASETS)}")
-    lm_model, lm_data = cfg.model.name == "lstm", d.name in ("ptb", "synthetic_text")
+    lm_model, lm_data = cfg.model.name in LANGUAGE_MODELS, d.name in ("ptb", "synthetic_text")
     _require(lm_model == lm_data, "model.name", cfg.model.name,
-             f"does not fit data.name={d.name!r}: the lstm model needs ptb or synthetic_text "
-             "data, image models need image data")
+             f"does not fit data.name={d.name!r}: the language models "
+             f"({', '.join(LANGUAGE_MODELS)}) need ptb or synthetic_text data, image models "
+             "need image data")
     _require(d.name not in ("cifar10", "cifar100", "ptb") or bool(d.root), "data.root", d.root,
              f"must point at the folder holding the {d.name} files")
     _require(d.batch_size >= 1, "data.batch_size", d.batch_size, "must be >= 1 (per rank)")

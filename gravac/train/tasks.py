@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from .. import data as D
 from .config import Config, ConfigError
 from .device import to_device
-from ..models import build_model, detach_hidden
+from ..models import IMAGE_MODELS, build_model, detach_hidden
 
 DATA_OPTIONS = {
     "digits": {"test_fraction": 0.2},
@@ -114,7 +114,7 @@ class ImageTask:
         defaults = {"num_classes": num_classes}
         if cfg.model.name in ("small_cnn", "wide_head_cnn"):
             defaults.update(in_channels=channels, image_size=size)
-        elif cfg.model.name in ("resnet18", "resnet50", "resnet101", "vgg16"):
+        elif cfg.model.name in IMAGE_MODELS:
             defaults.update(in_channels=channels)
         self.model = _model(cfg, **defaults)
         self.device = torch.device("cpu")

@@ -4,7 +4,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from gravac.models import (MODEL_NAMES, LSTMLanguageModel, ResNet, SmallCNN, VGG,
+from gravac.models import (MODEL_NAMES, Bottleneck, LSTMLanguageModel, ResNet, SmallCNN, VGG,
                                  build_model, detach_hidden, resnet18, resnet50, resnet101, vgg16)
 
 
@@ -88,9 +88,9 @@ def test_lstm_tying_with_different_sizes_names_both():
         LSTMLanguageModel(40, embedding_dim=8, hidden_dim=12, tie_weights=True)
 
 
-def test_lstm_default_is_the_papers_ptb_model_by_parameter_count():
-    # The paper's PTB model: 2 LSTM layers of 1500 units, 1500-wide embedding, 10k words,
-    # tied input/output embedding. Counted independently of the module's code:
+def test_lstm_default_is_the_ptb_model_tied_by_parameter_count():
+    # 2 LSTM layers of 1500 units, 1500-wide embedding, 10k words, tied input/output
+    # embedding (the paper's is untied: lstm_paper). Counted independently of the code:
     # embedding V*E; per layer 4H*(in + H) weights + 2*4H biases; decoder bias V.
     V, E, H = 10_000, 1500, 1500
     expected = V * E + 4 * H * (E + H) + 8 * H + 4 * H * (H + H) + 8 * H + V
@@ -138,7 +138,7 @@ def test_build_model(name, kwargs, cls):
 
 def test_build_model_knows_the_names():
     assert set(MODEL_NAMES) == {"resnet18", "resnet50", "resnet101", "vgg16", "lstm", "small_cnn",
-                                "wide_head_cnn"}
+                                "wide_head_cnn", "resnet101_paper", "vgg16_paper", "lstm_paper"}
 
 
 def test_wide_head_cnn_shapes_and_where_its_parameters_are():
@@ -169,3 +169,70 @@ def test_build_model_unknown_kwarg_names_it_and_allowed():
 def test_build_model_missing_required_kwarg():
     with pytest.raises(ValueError, match="vocab_size"):
         build_model("lstm")
+
+
+def _count(name, **kwargs):
+    """Parameters of a registry model, built on the meta device (no memory, no init)."""
+    with torch.device("meta"):
+        model = build_model(name, **kwargs)
+    return sum(p.numel() for p in model.parameters())
+
+
+def _conv(c_in, c_out, k, bias=False):
+    return c_in * c_out * k * k + (c_out if bias else 0)
+
+
+def _bn(c):
+    return 2 * c
+
+
+def test_the_papers_resnet101_is_torchvisions():
+    """Counted from the architecture: a 7x7 stem, bottleneck stages (3, 4, 23, 3) of widths
+    64-512 (x4 out, a projection where the shape changes), a 2048 x 1000 classifier;
+    44,549,160 is torchvision's ``resnet101()``: Table 1's ~170 MB."""
+    total = _conv(3, 64, 7) + _bn(64)
+    c_in = 64
+    for planes, blocks in zip((64, 128, 256, 512), (3, 4, 23, 3)):
+        for b in range(blocks):
+            total += _conv(c_in, planes, 1) + _bn(planes) + _conv(planes, planes, 3) + \
+                _bn(planes) + _conv(planes, 4 * planes, 1) + _bn(4 * planes)
+            if b == 0:                                      # stride or width changes
+                total += _conv(c_in, 4 * planes, 1) + _bn(4 * planes)
+            c_in = 4 * planes
+    total += 2048 * 1000 + 1000
+    assert _count("resnet101_paper") == total == 44_549_160
+    assert total * 4 / 2**20 == pytest.approx(169.9, abs=0.05)
+
+
+def test_the_papers_vgg16_is_torchvisions_vgg16_bn():
+    """13 biased 3x3 convolutions with BatchNorm, a 7x7 pool and a 4096-4096-1000
+    classifier: 138,365,992, torchvision's ``vgg16_bn()``: Table 1's ~528 MB."""
+    total, c_in = 0, 3
+    for c_out in (64, 64, 128, 128, 256, 256, 256, 512, 512, 512, 512, 512, 512):
+        total += _conv(c_in, c_out, 3, bias=True) + _bn(c_out)
+        c_in = c_out
+    total += (512 * 7 * 7 * 4096 + 4096) + (4096 * 4096 + 4096) + (4096 * 1000 + 1000)
+    assert _count("vgg16_paper") == total == 138_365_992
+    assert total * 4 / 2**20 == pytest.approx(527.8, abs=0.05)
+    assert _count("vgg16", num_classes=100) < total / 8     # the compact CIFAR one
+
+
+def test_the_papers_lstm_is_untied():
+    """Embedding 10k x 1500, two LSTM layers (4 gates, input and hidden weights, two
+    biases each), a decoder of its own: 66,034,000, Table 1's ~252 MB."""
+    v, h = 10_000, 1500
+    lstm_layer = 4 * h * (h + h) + 2 * 4 * h
+    total = v * h + 2 * lstm_layer + (h * v + v)
+    assert _count("lstm_paper", vocab_size=v) == total == 66_034_000
+    assert _count("lstm_paper", vocab_size=v, tie_weights=True) == total - h * v
+    assert total * 4 / 2**20 == pytest.approx(251.9, abs=0.05)
+
+
+def test_the_papers_image_models_run_on_cifar_sized_inputs():
+    x = torch.randn(2, 3, 32, 32)
+    assert build_model("resnet101_paper", num_classes=10)(x).shape == (2, 10)
+    vgg = build_model("vgg16_paper", num_classes=100)
+    vgg.eval()
+    assert vgg(x).shape == (2, 100)
+    with pytest.raises(ValueError, match="stem must be one of cifar, imagenet"):
+        ResNet(Bottleneck, (1, 1, 1, 1), stem="vgg")
