@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Run the test suites: `tests/run.sh all|unit|parallel|faults|cluster` (`make test` runs all).
-# Unit tests run in one process (the Triton kernels' interpreted tests in one more);
+# Unit tests run in two processes side by side where there are two cores (the Triton
+# kernels' interpreted tests in one more);
 # parallel tests twice, on each transport: under
 # horovodrun -np 2 --gloo and under torchrun --nproc-per-node 2 (gloo); fault tests
 # (tests/faults: killed and frozen ranks, property-based tests) launch their own jobs;
@@ -23,10 +24,40 @@ rm -rf "$results" && mkdir -p "$results"
 status=0
 
 if [ "$what" = all ] || [ "$what" = unit ]; then
-    echo "== unit tests =="
-    "$PY" -m pytest tests/unit -q -p no:cacheprovider --junitxml="$results/unit.xml" || status=1
-    echo "== Triton kernels in Triton's CPU interpreter (a process of their own) =="
-    "$PY" -m pytest tests/triton -q -p no:cacheprovider --junitxml="$results/triton.xml" || status=1
+    # A unit test process runs on one core (one torch thread). With two cores or more the
+    # unit tests run as two pytest processes side by side, each on its own files (about
+    # half of the time each: the files below, and all the others); their output follows,
+    # one process after the other. The Triton kernels' interpreted tests run in a process
+    # of their own after the first.
+    split=(tests/unit/test_configs_dry_run.py tests/unit/test_sweep.py
+           tests/unit/test_resume_config.py tests/unit/test_train_local.py)
+    unit_a() {
+        "$PY" -m pytest "${split[@]}" -q -p no:cacheprovider --junitxml="$results/unit-a.xml"
+    }
+    unit_b() {
+        "$PY" -m pytest tests/unit "${split[@]/#/--ignore=}" -q -p no:cacheprovider \
+            --junitxml="$results/unit-b.xml"
+    }
+    triton() {
+        echo "== Triton kernels in Triton's CPU interpreter (a process of their own) =="
+        "$PY" -m pytest tests/triton -q -p no:cacheprovider --junitxml="$results/triton.xml"
+    }
+    if [ "$(nproc 2>/dev/null || echo 1)" -ge 2 ]; then
+        echo "== unit tests (two processes side by side) =="
+        { unit_a; a=$?; triton; t=$?; [ $a = 0 ] && [ $t = 0 ]; } > "$results/unit-a.log" 2>&1 &
+        pid_a=$!
+        unit_b > "$results/unit-b.log" 2>&1 || status=1
+        wait $pid_a || status=1
+        echo "-- ${split[*]}"
+        cat "$results/unit-a.log"
+        echo "-- tests/unit (the other files)"
+        cat "$results/unit-b.log"
+    else
+        echo "== unit tests =="
+        unit_a || status=1
+        unit_b || status=1
+        triton || status=1
+    fi
 fi
 if [ "$what" = all ] || [ "$what" = parallel ]; then
     echo "== parallel tests, Horovod (horovodrun -np 2 --gloo) =="

@@ -36,13 +36,14 @@ def _logged_step(run_dir: Path) -> int:
 
 @pytest.mark.parametrize("launcher", LAUNCHERS)
 def test_sigkill_of_one_rank_ends_the_job_and_resume_continues(tmp_path, launcher):
-    name = "victim"
+    name = f"victim_{launcher}"     # unique: the pid lookups go by run.name
     run_dir = tmp_path / name
     job = subprocess.Popen(_train(launcher, tmp_path, name, 1_000_000), cwd=REPO, start_new_session=True,
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.time() + 300     # guard against a broken set-up, not a speed limit
-        while _latest_step(run_dir) < 40 and time.time() < deadline and job.poll() is None:
+        # past the first checkpoint (step 20): what resume continues from
+        while _latest_step(run_dir) < 20 and time.time() < deadline and job.poll() is None:
             time.sleep(0.2)
         assert job.poll() is None, job.stdout.read()
         pid = rank_pid(f"run.name={name}", 1)
@@ -61,7 +62,7 @@ def test_sigkill_of_one_rank_ends_the_job_and_resume_continues(tmp_path, launche
     print(f"survivors exited {took:.1f}s after SIGKILL of rank 1 (exit code {code})")
 
     step = _latest_step(run_dir)
-    assert step >= 40 and step % 20 == 0
+    assert step >= 20 and step % 20 == 0
     resumed = subprocess.run(_train(launcher, tmp_path, name, step + 20) + ["--resume"], cwd=REPO,
                              capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
@@ -73,7 +74,7 @@ def test_sigkill_of_one_rank_ends_the_job_and_resume_continues(tmp_path, launche
 def test_a_hung_rank_makes_the_job_exit_within_the_stall_timeout(tmp_path, launcher):
     """SIGSTOP freezes rank 1 (a hang, not a death): rank 0 waits in its next collective
     until its watchdog gives up after run.stall_timeout; then the launcher ends the job."""
-    name = "frozen"
+    name = f"frozen_{launcher}"     # unique: the pid lookups go by run.name
     job = subprocess.Popen(_train(launcher, tmp_path, name, 1_000_000,
                                   "--set", "run.stall_timeout=5", "--set", "run.log_interval=1"),
                            cwd=REPO, start_new_session=True, stdout=subprocess.PIPE,

@@ -9,6 +9,10 @@ from gravac.train.loop import train
 from helpers import COMM, barrier, demo_config
 
 
+# A run's report (plots, report.md) is written after its last checkpoint, on rank 0.
+NO_REPORT = "run.report=false"
+
+
 def _cfg(out, name, *files, steps=40, extra=()):
     return demo_config(out, name, *files, steps=steps,
                        extra=["run.eval_interval=20", "run.checkpoint_interval=0", *extra])
@@ -58,9 +62,11 @@ def test_every_controller_trains_and_writes_events_metrics_report(files, extra, 
 def test_resume_gives_identical_parameters(files, extra, shared_tmp):
     """2N steps straight == N steps, stop, resume, N more (crossing an epoch boundary)."""
     n = 30   # digits on 2 ranks at batch 16: 44 steps per epoch, so 60 crosses one
-    straight = _cfg(shared_tmp, "straight", *files, steps=2 * n, extra=extra)
+    # No report (plots) of the runs before the resume: nothing reads them, and the report
+    # follows the checkpoint; the resumed run writes its own as usual.
+    straight = _cfg(shared_tmp, "straight", *files, steps=2 * n, extra=[*extra, NO_REPORT])
     train(straight)
-    first = _cfg(shared_tmp, "resumed", *files, steps=n, extra=extra)
+    first = _cfg(shared_tmp, "resumed", *files, steps=n, extra=[*extra, NO_REPORT])
     train(first)
     second = _cfg(shared_tmp, "resumed", *files, steps=2 * n, extra=extra)
     train(second, resume=True)
@@ -99,8 +105,9 @@ def test_corrupt_latest_checkpoint_falls_back_to_the_previous_one(shared_tmp, ra
     """Truncate one rank's file of the newest checkpoint: resume uses the one before it,
     and the run still ends exactly where an uninterrupted run ends."""
     extra = ["run.checkpoint_interval=10", "run.keep_checkpoints=3"]
-    train(_cfg(shared_tmp, "straight30", "static_topk_10x.yaml", steps=30, extra=extra))
-    train(_cfg(shared_tmp, "broken", "static_topk_10x.yaml", steps=20, extra=extra))
+    train(_cfg(shared_tmp, "straight30", "static_topk_10x.yaml", steps=30,
+               extra=[*extra, NO_REPORT]))
+    train(_cfg(shared_tmp, "broken", "static_topk_10x.yaml", steps=20, extra=[*extra, NO_REPORT]))
     victim = Path(shared_tmp) / "broken/checkpoints/step_00000020/rank_00001.pt"
     if rank == 0:
         data = victim.read_bytes()

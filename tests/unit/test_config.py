@@ -1,7 +1,5 @@
 """Config loading: merging, --set overrides, typed validation, one-line errors."""
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -128,12 +126,27 @@ def test_output_path_blocked_by_a_file_is_a_config_error(tmp_path):
     assert load_config([], ["run.steps=5", f"run.output_dir={tmp_path / 'new' / 'x'}"])
 
 
-def test_cli_blocked_output_dir_exits_2_in_dry_run_and_real_run(tmp_path):
-    blocker = _write(tmp_path, "runs", "")
-    for extra in (["--dry-run"], []):
-        proc = subprocess.run([sys.executable, "train.py", "--config", "configs/demo.yaml",
-                               "--set", f"run.output_dir={blocker}", *extra], cwd=REPO,
-                              capture_output=True, text=True, timeout=300)
+@pytest.fixture(scope="module")
+def train_py(tmp_path_factory):
+    """train.py's command line: {case: CompletedProcess} of the cases below, all run in one
+    python process (tests/script_batch.py), each as a process of its own would run it."""
+    from script_batch import run_scripts
+
+    blocker = _write(tmp_path_factory.mktemp("blocked"), "runs", "")
+    cases = {
+        "help": ["train.py", "--help"],
+        "config error": ["train.py", "--config", "configs/demo.yaml", "--set", "optimizer.lr=fast"],
+        "blocked dry run": ["train.py", "--config", "configs/demo.yaml",
+                            "--set", f"run.output_dir={blocker}", "--dry-run"],
+        "blocked run": ["train.py", "--config", "configs/demo.yaml",
+                        "--set", f"run.output_dir={blocker}"],
+    }
+    done = run_scripts([(REPO, argv) for argv in cases.values()], timeout=300)
+    return dict(zip(cases, done))
+
+
+def test_cli_blocked_output_dir_exits_2_in_dry_run_and_real_run(train_py):
+    for proc in (train_py["blocked dry run"], train_py["blocked run"]):
         assert proc.returncode == 2, proc.stderr
         lines = proc.stderr.strip().splitlines()
         assert len(lines) == 1 and "is a file, not a folder" in lines[0]
@@ -147,17 +160,15 @@ def test_tilde_in_paths_is_expanded(tmp_path, monkeypatch):
     assert cfg.run.output_dir == str(tmp_path / "runs") and cfg.data.root == str(tmp_path / "data")
 
 
-def test_cli_config_error_exits_2_with_one_line():
-    proc = subprocess.run([sys.executable, "train.py", "--config", "configs/demo.yaml",
-                           "--set", "optimizer.lr=fast"], cwd=REPO, capture_output=True, text=True)
+def test_cli_config_error_exits_2_with_one_line(train_py):
+    proc = train_py["config error"]
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("config error: optimizer.lr='fast'")
 
 
-def test_cli_help_explains_every_option():
-    proc = subprocess.run([sys.executable, "train.py", "--help"], cwd=REPO,
-                          capture_output=True, text=True)
+def test_cli_help_explains_every_option(train_py):
+    proc = train_py["help"]
     assert proc.returncode == 0
     for option in ("--config", "--set", "--dry-run", "--resume"):
         assert option in proc.stdout
@@ -183,14 +194,14 @@ def test_controller_sections_are_the_controllers_own_options():
     assert build_controller(cfg.compression).describe() == Accordion().describe()
 
 
-def test_every_config_file_named_in_help_and_docstrings_exists():
+def test_every_config_file_named_in_help_and_docstrings_exists(train_py):
     # train.py --help and the config modules' examples are what a new user copies first.
     import re
 
     from gravac.train import cli, config
 
-    help_text = subprocess.run([sys.executable, "train.py", "--help"], cwd=REPO,
-                               capture_output=True, text=True, check=True).stdout
+    assert train_py["help"].returncode == 0, train_py["help"].stderr
+    help_text = train_py["help"].stdout
     texts = [help_text, cli.__doc__, config.__doc__, (REPO / "train.py").read_text()]
     named = {m for text in texts for m in re.findall(r"configs/[\w./-]+\.yaml", text)}
     assert named, "the help should show at least one config file"

@@ -1,13 +1,12 @@
 """Issue 16: --resume compares the config with the run's own and refuses what may not
 change (gravac/train/resume.py), in one line, before anything is loaded or rewritten."""
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from gravac.train.config import Config, ConfigError, load_config, to_dict
 from gravac.train.resume import MAY_CHANGE, check_resume_config, config_changes
+from script_batch import run_scripts
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO = str(REPO / "configs/demo.yaml")
@@ -42,39 +41,43 @@ def test_unknown_allowed_names_are_refused():
         load_config([DEMO], ["run.resume_allow_changes=[optimiser.lr]"])
 
 
-def _train(tmp_path, *args):
-    return subprocess.run([sys.executable, "train.py", "--config", DEMO, *args, "--set",
-                           f"run.output_dir={tmp_path}", "--set", "run.name=r", "--set",
-                           "run.backend=local", "--set", "run.report=false"],
-                          cwd=REPO, capture_output=True, text=True, timeout=600)
+def _train_args(tmp_path, *args):
+    return ["train.py", "--config", DEMO, *args, "--set", f"run.output_dir={tmp_path}",
+            "--set", "run.name=r", "--set", "run.backend=local", "--set", "run.report=false"]
+
+
+def _train(tmp_path, *commands):
+    """``python train.py ...`` for each argument list in ``commands``, in one python process
+    (tests/script_batch.py), each as a process of its own would run it."""
+    return run_scripts([(REPO, _train_args(tmp_path, *args)) for args in commands], timeout=600)
 
 
 def test_resume_with_another_method_or_model_is_refused_in_one_line(tmp_path):
-    first = _train(tmp_path, "--set", "run.steps=20")
+    (first,) = _train(tmp_path, ["--set", "run.steps=2"])
     assert first.returncode == 0, first.stderr
     config_yaml = (tmp_path / "r" / "config.yaml").read_text()
     metrics = (tmp_path / "r" / "metrics.jsonl").read_text()
-    dense = _train(tmp_path, str(REPO / "configs/compression/dense.yaml"), "--resume",
-                   "--set", "run.steps=30")
+    dense, model, forced_model = _train(
+        tmp_path,
+        [str(REPO / "configs/compression/dense.yaml"), "--resume", "--set", "run.steps=3"],
+        ["--resume", "--set", "run.steps=3", "--set", "model.name=wide_head_cnn"],
+        ["--resume", "--set", "run.steps=3", "--set", "model.name=wide_head_cnn",
+         "--set", "run.resume_allow_changes=all"])
     assert dense.returncode == 2
     lines = dense.stderr.strip().splitlines()
     assert len(lines) == 1 and "compression.controller 'gravac' -> 'dense'" in lines[0]
     assert "run.resume_allow_changes=[" in lines[0]
-    model = _train(tmp_path, "--resume", "--set", "run.steps=30", "--set",
-                   "model.name=wide_head_cnn")
     assert model.returncode == 2 and "Traceback" not in model.stderr
     assert "model.name 'small_cnn' -> 'wide_head_cnn'" in model.stderr
     assert len(model.stderr.strip().splitlines()) == 1
-    forced_model = _train(tmp_path, "--resume", "--set", "run.steps=30", "--set",
-                          "model.name=wide_head_cnn", "--set", "run.resume_allow_changes=all")
     assert forced_model.returncode == 2 and "Traceback" not in forced_model.stderr
     assert "holds another model (" in forced_model.stderr
     # nothing was rewritten by the refused resumes
     assert (tmp_path / "r" / "config.yaml").read_text() == config_yaml
     assert (tmp_path / "r" / "metrics.jsonl").read_text() == metrics
     # a longer run is fine; a forced change is said and applied
-    forced = _train(tmp_path, "--resume", "--set", "run.steps=30", "--set", "optimizer.lr=0.01",
-                    "--set", "run.resume_allow_changes=[optimizer.lr]")
+    (forced,) = _train(tmp_path, ["--resume", "--set", "run.steps=3", "--set", "optimizer.lr=0.01",
+                                  "--set", "run.resume_allow_changes=[optimizer.lr]"])
     assert forced.returncode == 0, forced.stderr
     assert "resume: allowed change optimizer.lr" in forced.stdout
     assert "lr: 0.01" in (tmp_path / "r" / "config.yaml").read_text()

@@ -734,15 +734,30 @@ def test_plain_horovod_runs_are_priced_by_the_plain_calibration(tmp_path, capsys
     assert f"plain Horovod runs' links {same}, " in out.read_text().splitlines()[0]
 
 
-@pytest.mark.parametrize("args, where", [
+BAD_INPUT = [
     (["project", "--models", "--n", 12, "--slots", 8, "--compute-ms", "x=1"], "--n"),
     (["project", "--links", "fast"], "--links"),
     (["validate", "nowhere", "--calibration", "missing.json"], "--calibration"),
     (["calibrate", "missing.json"], "missing.json"),
     (["measure-compression", "--sizes", 0], "--sizes"),
-])
-def test_cli_bad_input_is_one_line(args, where, tmp_path):
-    proc = run_cli(*args, cwd=tmp_path)
+]
+
+
+@pytest.fixture(scope="module")
+def bad_input_runs(tmp_path_factory):
+    """``python benchmarks/scaling ARGS`` of every case of BAD_INPUT from an empty folder,
+    all in one python process (tests/script_batch.py), each as a process of its own."""
+    from script_batch import run_scripts
+
+    cwd = tmp_path_factory.mktemp("bad_input")
+    runs = run_scripts([(cwd, [str(REPO / "benchmarks/scaling"), *map(str, args)])
+                        for args, _ in BAD_INPUT], python=PY, timeout=HANG_GUARD)
+    return {tuple(map(str, args)): proc for (args, _), proc in zip(BAD_INPUT, runs)}
+
+
+@pytest.mark.parametrize("args, where", BAD_INPUT)
+def test_cli_bad_input_is_one_line(args, where, bad_input_runs):
+    proc = bad_input_runs[tuple(map(str, args))]
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and where in lines[0], proc.stderr

@@ -112,16 +112,27 @@ def test_multi_node_controller_must_be_gloo_or_mpi(tmp_path):
     assert "GRAVAC_CONTROLLER must be gloo or mpi, got 'nccl'" in proc.stderr
 
 
-def _fake_venv(tmp_path: Path) -> tuple[Path, Path]:
-    """A venv whose horovodrun and torchrun only record their arguments (one line a call)."""
+def _fake_venv(tmp_path: Path, defer_checks: bool = False) -> tuple[Path, Path]:
+    """A venv whose horovodrun and torchrun only record their arguments (one line a call).
+
+    Its python runs the real ``train.py --check`` of the launchers; with ``defer_checks``
+    it records each call instead (working directory and arguments, in ``tmp_path/checks``)
+    and succeeds, and ``_run_checks`` then runs them all in this process: one start-up of
+    torch instead of one per launched run."""
     import sys
 
     bin_dir = tmp_path / "venv" / "bin"
     bin_dir.mkdir(parents=True)
     calls = tmp_path / "calls.txt"
-    # a wrapper, not a symlink: a symlinked venv python outside its venv loses its packages
-    # (the launchers run the real `train.py --check` with it)
-    (bin_dir / "python").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    if defer_checks:
+        checks = tmp_path / "checks"
+        checks.mkdir()
+        (bin_dir / "python").write_text(
+            f'#!/bin/sh\nprintf \'%s\\0\' "$PWD" "$@" > "{checks}/$(ls "{checks}" | wc -l)"\n')
+    else:
+        # a wrapper, not a symlink: a symlinked venv python outside its venv loses its
+        # packages (the launchers run the real `train.py --check` with it)
+        (bin_dir / "python").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
     (bin_dir / "python").chmod(0o755)
     for tool in ("horovodrun", "torchrun"):
         (bin_dir / tool).write_text(f'#!/bin/sh\necho "{tool} $*" >> "{calls}"\n')
@@ -129,13 +140,45 @@ def _fake_venv(tmp_path: Path) -> tuple[Path, Path]:
     return tmp_path / "venv", calls
 
 
+def _run_checks(tmp_path: Path) -> int:
+    """Run the ``train.py --check`` calls that the python of ``_fake_venv(tmp_path,
+    defer_checks=True)`` recorded, in order, each as ``train.py`` would (its ``main`` with
+    those arguments, from that working directory): every one must pass (exit 0) as it
+    must for a launcher to go on. Returns how many there were."""
+    import contextlib
+    import io
+    import os
+
+    from gravac.train.cli import main
+
+    recorded = sorted((tmp_path / "checks").iterdir(), key=lambda p: int(p.name))
+    for path in recorded:
+        cwd, script, *args = path.read_bytes().decode().split("\0")[:-1]
+        assert script == str(REPO / "train.py") and args[-1] == "--check", (script, args)
+        here = os.getcwd()
+        out, err = io.StringIO(), io.StringIO()
+        try:
+            os.chdir(cwd)
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                code = main(args)
+        finally:
+            os.chdir(here)
+        assert code == 0, (args, out.getvalue(), err.getvalue())
+        assert "config ok: " in out.getvalue(), out.getvalue()
+    return len(recorded)
+
+
 def _launched(script: str, *args: str, tmp_path: Path, env: dict | None = None) -> list[str]:
-    venv, calls = _fake_venv(tmp_path)
+    """The launcher calls of ``script ARGS`` (which must exit 0), after checking that the
+    script ran one ``train.py --check`` per launch and that every one of them passes."""
+    venv, calls = _fake_venv(tmp_path, defer_checks=True)
     proc = subprocess.run(["bash", str(REPO / "hvd_scripts" / script), *args], cwd=REPO,
                           capture_output=True, text=True, timeout=600,
                           env={"PATH": "/usr/bin:/bin", "GRAVAC_VENV": str(venv), **(env or {})})
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    return calls.read_text().splitlines() if calls.exists() else []
+    launched = calls.read_text().splitlines() if calls.exists() else []
+    assert _run_checks(tmp_path) == len(launched)
+    return launched
 
 
 @pytest.mark.parametrize("script, expected", [

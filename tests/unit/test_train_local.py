@@ -57,22 +57,35 @@ def test_resuming_a_finished_run_logs_its_final_evaluation_once(tmp_path, capsys
     assert [r["step"] for r in records if r["kind"] == "eval"] == [20, 30]
 
 
-@pytest.mark.parametrize("progress,shown", [("auto", True), ("plain", True), ("never", False)])
-def test_progress_lines_when_output_is_not_a_terminal(tmp_path, progress, shown):
+PROGRESS = [("auto", True), ("plain", True), ("never", False)]
+
+
+@pytest.fixture(scope="module")
+def progress_stdout(tmp_path_factory):
+    """{run.progress: train.py's standard output} of a 40-step run with each setting of
+    PROGRESS, the output a pipe or file, never a terminal (as under horovodrun): the three
+    command lines in one python process (tests/script_batch.py), one start-up, not three."""
+    from script_batch import run_scripts
+
+    out = tmp_path_factory.mktemp("progress")
+    runs = run_scripts([(REPO, ["train.py", "--config", "configs/demo.yaml",
+                                "--set", f"run.output_dir={out / progress}", "--set", "run.steps=40",
+                                "--set", "run.backend=local", "--set", "run.report=false",
+                                "--set", "run.log_interval=2", "--set", f"run.progress={progress}"])
+                        for progress, _ in PROGRESS], timeout=300)
+    for proc in runs:
+        assert proc.returncode == 0, proc.stderr
+    return {progress: proc.stdout for (progress, _), proc in zip(PROGRESS, runs)}
+
+
+@pytest.mark.parametrize("progress,shown", PROGRESS)
+def test_progress_lines_when_output_is_not_a_terminal(progress_stdout, progress, shown):
     """Issue 16: under horovodrun (output never a terminal) or into a file, run.progress=auto
     prints a plain line every tenth of the run: step/total, loss, CF, samples/s, eta."""
     import re
-    import subprocess
-    import sys
 
-    proc = subprocess.run([sys.executable, "train.py", "--config", "configs/demo.yaml",
-                           "--set", f"run.output_dir={tmp_path}", "--set", "run.steps=40",
-                           "--set", "run.backend=local", "--set", "run.report=false",
-                           "--set", "run.log_interval=2", "--set", f"run.progress={progress}"],
-                          cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr
     lines = re.findall(r"^step (\d+)/40 \(\d+%\)  loss [\d.]+  cf [\d.]+  \d+ samples/s"
-                       r"(?:  eta \d+(?:m\d\d)?s)?$", proc.stdout, re.M)
+                       r"(?:  eta \d+(?:m\d\d)?s)?$", progress_stdout[progress], re.M)
     if shown:
         assert [int(s) for s in lines] == [1, 4, 8, 12, 16, 20, 24, 28, 32, 36, 40]
     else:
