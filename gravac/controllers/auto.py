@@ -33,7 +33,9 @@ How it explores, cheaply:
   once when the chosen method's smoothed gain falls below ε, when its candidate gain
   clears ε for a CF not yet eligible (the ladder is climbed as GraVAC climbs it), or when
   its recent gain fell more than ``recheck_within`` below the gain it was chosen with (a
-  trial's few steps see the gain before error feedback filled the residual).
+  trial's few steps see the gain before error feedback filled the residual). Each
+  re-check also measures again one compressed method whose step time would beat the best
+  score at a gain of 1, the one measured longest ago: gains change during training.
 
 Per step, a compressed method whose smoothed gain (EWMA with ``alpha``) falls below ε
 sends dense (GraVAC's fallback); its residual stays in error feedback. Every choice, trial
@@ -156,6 +158,7 @@ class Auto(Controller):
         return {"phase": "trial", "current": first, "round": 1, "step_in_phase": 0,
                 "queue": [m.key for m in self.candidates if m.key != first],
                 "samples": [], "pending": None, "delta": None, "delta_c": None, "table": {},
+                "measured_at": {},
                 "decisions": []}
 
     def _method(self, key: str) -> Method:
@@ -279,6 +282,7 @@ class Auto(Controller):
                 delta if delta is not None else entry["gain"]
         entry = sync.broadcast_object(entry, name="gravac.auto.measure")
         self._s["table"][self._s["current"]] = entry
+        self._s.setdefault("measured_at", {})[self._s["current"]] = step
         extra = {} if reason is None else {"reason": reason}
         self._log(step, "measured", self._s["current"], **entry, **extra)
         return entry
@@ -323,9 +327,26 @@ class Auto(Controller):
                 key = safest(family, key=lambda c: c.level).key
                 if key not in queue and key != s["current"]:
                     queue.append(key)
+        stale = self._stale_candidate(queue, best)
+        if stale is not None:
+            queue.append(stale)
         s["round"] += 1
         s["queue"] = [k for k in self.method_texts if k in queue]
         self._advance(step)
+
+    def _stale_candidate(self, queue: list[str], best: float) -> str | None:
+        """One compressed method to measure again at a re-check, or None: of those not
+        queued whose measured step time would beat the best score at a gain of 1, the one
+        measured longest ago. Gains change as training goes on (Top-k's rise with the
+        residual, PowerSGD's fall), so an entry measured early may be stale; one per
+        re-check keeps the cost to one trial."""
+        s = self._s
+        at = s.get("measured_at", {})
+        stale = [k for k, e in s["table"].items()
+                 if k != s["current"] and k not in queue and not self._method(k).dense
+                 and e["t"] is not None and e["t"] > 0 and 1.0 / e["t"] > best]
+        return min(stale, key=lambda k: (at.get(k, -1), self.method_texts.index(k)),
+                   default=None)
 
     def _advance(self, step: int) -> None:
         """The next trial (the queued candidate with the lowest predicted time that may

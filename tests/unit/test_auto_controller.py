@@ -232,3 +232,20 @@ def test_a_chosen_method_whose_recent_gain_drifts_below_its_measured_gain_is_rec
     assert "recheck_within" in run[0]["reason"]
     assert run[0]["step"] == 9 + 2 * 2 - 1                 # after 2 x trial_steps of the run
     assert auto.current == "sparse:10" and auto.phase == "run"
+
+
+def test_a_stale_entry_that_could_win_at_a_higher_gain_is_measured_again():
+    """Top-k 10x measured early (gain 0.65, 0.25 s: score 2.6) loses to PowerSGD (0.9 /
+    0.2 s) and fp16 (1 / 0.3 s). When PowerSGD's gain drifts to 0.6, the re-check tries
+    fp16 (within 15% of the best) and, once, Top-k 10x (at gain 1 its 0.25 s would beat
+    fp16): its gain has risen to 0.95 meanwhile, and it is chosen."""
+    auto = _auto(methods=["dense", "fp16", "powersgd:4", "sparse:10"], recheck_every=1000)
+    times = {"dense": 1.0, "fp16": 0.3, "powersgd:4": 0.2, "sparse:10": 0.25}
+    gains = {"powersgd:4": iter([0.9] * 3 + [0.6] * 100),
+             "sparse:10": iter([0.65] * 3 + [0.95] * 100)}
+    ran = _drive(auto, 30, times.get, lambda k: next(gains[k]))
+    assert ran[:12] == ["fp16"] * 3 + ["dense"] * 3 + ["powersgd:4"] * 3 + ["sparse:10"] * 3
+    assert ran[16:22] == ["fp16"] * 3 + ["sparse:10"] * 3     # the re-check's two trials
+    chosen = [d["method"] for d in auto.decisions if d["event"] == "chosen"]
+    assert chosen == ["powersgd:4", "sparse:10"]
+    assert auto.table["sparse:10"]["gain"] == pytest.approx(0.95)
