@@ -373,3 +373,19 @@ def test_synthetic_images_learnable_and_deterministic():
     centroids = torch.stack([x[:200][labels[:200] == k].mean(0) for k in range(4)])
     pred = torch.cdist(x[200:], centroids).argmin(1)
     assert (pred == labels[200:]).float().mean() > 0.9
+
+
+def test_digits_are_scikit_learns_read_without_importing_it():
+    """The same images and labels as ``sklearn.datasets.load_digits`` (the reference), read
+    from the file it ships without importing scikit-learn (a ~2 s import per process)."""
+    from sklearn.datasets import load_digits
+
+    ref = load_digits()
+    x, y = load_digits_dataset(train=True)
+    xt, yt = load_digits_dataset(train=False)
+    order = torch.randperm(1797, generator=torch.Generator().manual_seed(0))
+    n_test = round(1797 * 0.2)
+    images = torch.as_tensor(ref.images, dtype=torch.float32).div(16.0).unsqueeze(1)
+    labels = torch.as_tensor(ref.target, dtype=torch.int64)
+    assert torch.equal(x, images[order[n_test:]]) and torch.equal(y, labels[order[n_test:]])
+    assert torch.equal(xt, images[order[:n_test]]) and torch.equal(yt, labels[order[:n_test]])
