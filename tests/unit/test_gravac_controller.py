@@ -270,20 +270,15 @@ def test_resume_from_state_dict_makes_the_same_decisions():
     assert resumed.state_dict() == full.state_dict()
     with pytest.raises(ValueError, match="other hyperparameters"):
         GraVAC(window=8).load_state_dict(first.state_dict())
-    # A state saved before decide existed loads into the paper's rule, not into E7.
-    old = first.state_dict()
-    del old["hyper"]["decide"]
-    make().load_state_dict(old)
-    with pytest.raises(ValueError, match="other hyperparameters.*decide"):
-        GraVAC(theta_min=10, theta_max=1000, window=7, alpha=0.3,
-               decide="previous").load_state_dict(old)
-    # One saved before saturation existed chose the lower CF: it loads into that only.
-    old = first.state_dict()
-    del old["hyper"]["saturation"]
-    make().load_state_dict(old)
-    with pytest.raises(ValueError, match="other hyperparameters.*saturation"):
-        GraVAC(theta_min=10, theta_max=1000, window=7, alpha=0.3,
-               saturation="second_best").load_state_dict(old)
+    # A state saved before an option existed loads into what the code then did only: the
+    # paper's decide rule (not E7), the lower CF at saturation (not line 37's ct[-2]).
+    for option, other in (("decide", "previous"), ("saturation", "second_best")):
+        old = first.state_dict()
+        del old["hyper"][option]
+        make().load_state_dict(old)
+        with pytest.raises(ValueError, match=f"other hyperparameters.*{option}"):
+            GraVAC(theta_min=10, theta_max=1000, window=7, alpha=0.3,
+                   **{option: other}).load_state_dict(old)
 
 
 @pytest.mark.parametrize("kwargs,match", [
