@@ -94,16 +94,7 @@ class DistributedOptimizerMixin:
 
     def describe_setup(self) -> dict:
         """What every rank must agree on: compressor, controller, parameters, options."""
-        e = self._engine
-        return {
-            "compressor": e.compressor.describe(),
-            "controller": e.controller.describe(),
-            # Buckets decide the collectives: every rank must cut them alike.
-            **self.options.describe(),
-            "exchange": e.exchange.describe(),
-            "parameters": [f"{l.name} {tuple(l.param.shape)} {l.param.dtype}"
-                           f"{' compressed' if l.compressible else ''}" for l in e.layers],
-        }
+        return self._engine.describe_setup()
 
     def _agree(self) -> None:
         # Before anything else: ranks with different set-ups would issue different

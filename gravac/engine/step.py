@@ -5,7 +5,9 @@ NaN/Inf flags) -> decide -> settle (residuals) -> exchange -> unpack -> step rec
 by bucket. Without overlap the model is one bucket that ``synchronize()`` starts; with
 overlap, backward's hooks start each bucket as its gradients are ready (``buckets.py``),
 on the steps whose exchange overlaps (a step of a method whose exchange does not, e.g.
-PowerSGD's under ``controller: auto``, is one bucket that ``synchronize()`` starts).
+PowerSGD's under ``controller: auto``, is one bucket that ``synchronize()`` starts). A
+DDP communication hook (``gravac/torch/hooks.py``) hands in DDP's buckets instead
+(``external_buckets``, ``start_bucket``).
 How the values travel, and which rounds a selection needs, is the exchange's
 (``exchanges/``): the pipeline writes the flags, the gains, the decision, the skip and
 rollback, ``t_discarded`` and the step record once, for all of them.
@@ -68,6 +70,8 @@ class _Step:
     #: overlaps (a method on one that does not, e.g. PowerSGD's, runs in synchronize).
     overlapped: bool
     buckets: list                     # the step's buckets: ``self.buckets`` or one
+    #: No bucket will be added (cut outside the engine, e.g. by DDP: open until its last).
+    closed: bool = True
     ready: set = field(default_factory=set)
     next_bucket: int = 0
     pendings: list = field(default_factory=list)
@@ -95,7 +99,8 @@ class StepEngine:
     """
 
     def __init__(self, layers: list[Layer], compressor, controller: Controller, comm: Comm,
-                 options: GravacOptions, host_of_rank=None, step_context=None):
+                 options: GravacOptions, host_of_rank=None, step_context=None,
+                 external_buckets: bool = False):
         options.check_with(compressor, controller)
         self.layers, self.compressor, self.controller = layers, compressor, controller
         self.comm, self.options, self.prefix = comm, options, options.name_prefix
@@ -121,6 +126,12 @@ class StepEngine:
         self._step_context = step_context
         self.hooks: BackwardHooks | None = None
         self.buckets = [layers]
+        #: Buckets are cut outside the engine and handed in by ``start_bucket`` (a DDP
+        #: communication hook), in the same order on every rank.
+        self.external_buckets = external_buckets
+        if external_buckets and options.overlap:
+            raise ValueError("overlap=True: the buckets a DDP communication hook hands in "
+                             "already overlap with backward; leave overlap at false")
         if options.overlap:
             self.buckets = build_buckets(layers, int(options.bucket_cap_mb * 2**20))
             self.hooks = BackwardHooks(layers, self._on_ready, options.backward_passes_per_step)
@@ -142,6 +153,18 @@ class StepEngine:
     def agree(self, description: dict) -> None:
         """Collective: every rank must describe the same set-up (raises on all otherwise)."""
         check_agreement(description, self.comm, name=f"{self.prefix}.agree")
+
+    def describe_setup(self) -> dict:
+        """What every rank must agree on: compressor, controller, parameters, options."""
+        return {
+            "compressor": self.compressor.describe(),
+            "controller": self.controller.describe(),
+            # Buckets decide the collectives: every rank must cut them alike.
+            **self.options.describe(),
+            "exchange": self.exchange.describe(),
+            "parameters": [f"{l.name} {tuple(l.param.shape)} {l.param.dtype}"
+                           f"{' compressed' if l.compressible else ''}" for l in self.layers],
+        }
 
     def rebind(self, comm: Comm) -> None:
         """Use ``comm`` from now on (an elastic reset); the controller keeps its state."""
@@ -226,11 +249,14 @@ class StepEngine:
             raise RuntimeError("controller decided the candidate but its plan has no candidate "
                                "CF above theta_min")
         clock.lap("t_control")
-        overlapped = self.hooks is not None and self.exchange.overlaps
+        overlapped = (self.hooks is not None or self.external_buckets) and self.exchange.overlaps
         hold_all = not self.exchange.world_beside or (level is None and not overlapped)
         self.memory.begin_step()
+        buckets = [self.layers]
+        if overlapped:
+            buckets = [] if self.external_buckets else self.buckets
         self._state = _Step(step, plan, clock, planned, all_candidate, level, hold_all,
-                            overlapped, self.buckets if overlapped else [self.layers])
+                            overlapped, buckets, closed=not (overlapped and self.external_buckets))
         if overlapped:
             # The exchange's work before selection, gradients or not (an overlapping
             # exchange's begin does not read them; without hooks: _before_buckets).
@@ -299,6 +325,27 @@ class StepEngine:
 
     def _on_ready(self, layer: Layer) -> None:
         """A backward hook: ``layer``'s gradient is complete; start what is ready."""
+        self._hand_in([layer])
+
+    def start_bucket(self, layers: list[Layer], last: bool) -> None:
+        """A bucket cut outside the engine (``external_buckets``: a DDP communication
+        hook, which hands DDP's buckets in DDP's order, the same on every rank):
+        ``layers``' gradients are complete. On a step whose exchange overlaps the bucket
+        leaves now; on one that does not (PowerSGD's) every bucket waits for
+        ``synchronize``, which finishes the step after the ``last`` one."""
+        state = self._state
+        if last:
+            handed = {l.index for l in layers} | (set() if state is None else state.ready)
+            missing = [l.name for l in self.layers if l.index not in handed]
+            if missing:      # the same on every rank: the model and DDP's buckets are
+                raise RuntimeError(
+                    f"{len(missing)} parameter(s) the step averages were in none of the "
+                    f"buckets handed in ({', '.join(missing[:3])}); a DDP model must hold "
+                    "exactly the parameters gravac was built on (requires_grad ones, none "
+                    "of DDP's ignored ones)")
+        self._hand_in(layers, bucket=True, last=last)
+
+    def _hand_in(self, layers: list[Layer], bucket: bool = False, last: bool = False) -> None:
         # What the hooks add to the phases is taken out of t_compute (backward's time) by
         # synchronize: the phase time charged in this hook, not the hook's wall time, which
         # on a GPU with exact phases would include waiting for backward's own kernels.
@@ -307,7 +354,10 @@ class StepEngine:
         if state is None:
             state = self._begin(*self._step_context())
         state.clock.resume()
-        state.ready.add(layer.index)
+        state.ready.update(l.index for l in layers)
+        if bucket and state.overlapped:
+            state.buckets.append(layers)
+            state.closed = last
         if state.overlapped:     # else synchronize starts the one bucket
             self._start_ready(state)
         state.t_hooks += state.clock.charged() - charged
@@ -369,7 +419,8 @@ class StepEngine:
         sent = self._settle(state, selections, state.level, dense)
         # The last bucket's scan completes this rank's flags: without a gains round to
         # carry them, they ride in its dense group (if it has one).
-        last = b == len(state.buckets) - 1 and not plan.needs_gains and not state.flags_agreed
+        last = state.closed and b == len(state.buckets) - 1 and not plan.needs_gains \
+            and not state.flags_agreed
         self._start(state, sent, dense, self._tag(state, f"b{b}"),
                     flags=self.flags(state.local_bad) if last else None)
 
