@@ -30,6 +30,10 @@ What differs from the optimizer:
   as DDP's own allreduce would give, so AMP's ``GradScaler`` skips the step on every rank
   alike; the residuals are rolled back and ``max_consecutive_skips`` still applies
   (``nonfinite="raise"`` raises FloatingPointError from ``backward()`` on every rank);
+- with ``find_unused_parameters=True``, a parameter this rank did not use is sent as zeros
+  plus its residual (as the optimizer does); one that no rank used in a step keeps its
+  gradient None (DDP's rule: the optimizer leaves it alone), so what error feedback sent
+  for it in that step is dropped instead of applied;
 - gradient accumulation is DDP's ``no_sync()``: the hook sees the accumulated gradient;
 - ``overlap`` and ``backward_passes_per_step`` are DDP's business (refused here).
 
@@ -52,7 +56,7 @@ import torch.distributed as dist
 
 from .. import compressors as _compressors
 from ..engine.layers import build_layers
-from ..engine.optimizer import STATE_FORMAT, _make_controller, _to_cpu, make_options
+from ..engine.optimizer import STATE_FORMAT, STATE_KEY, _make_controller, _to_cpu, make_options
 from ..engine.record import StepStats
 from ..engine.run_record import TENSORBOARD_TAGS
 from ..engine.step import StepEngine
@@ -96,8 +100,12 @@ class GravacHookState:
         # The user's choices, checked now (before any process starts training).
         self.options = make_options(options).check()
         self.compressor_name, self.compressor_options = compressor, dict(compressor_options or {})
-        _compressors.get(compressor, **self.compressor_options)
-        self.controller_arg = controller
+        comp = _compressors.get(compressor, **self.compressor_options)
+        #: The controller (its state resumes from ``load_state_dict``).
+        self.controller = _make_controller(controller)
+        if self.controller.uses_ranks and not comp.is_lowrank:
+            raise ValueError(f"controller {self.controller!r} plans PowerSGD ranks, which only "
+                             f"compressor='powersgd' takes (got {comp.name!r})")
         self.process_group = process_group
         self.model = getattr(model, "module", model)
         self.optimizer = optimizer
@@ -123,7 +131,6 @@ class GravacHookState:
                                "backward of the DDP model")
         return self._engine
 
-    controller = property(lambda self: self.engine.controller)
     memory = property(lambda self: self.engine.memory)
 
     def _bind(self) -> StepEngine:
@@ -132,14 +139,10 @@ class GravacHookState:
         from ..comm.torchdist import TorchDistComm
 
         comp = _compressors.get(self.compressor_name, **self.compressor_options)
-        ctrl = _make_controller(self.controller_arg)
-        if ctrl.uses_ranks and not comp.is_lowrank:
-            raise ValueError(f"controller {ctrl!r} plans PowerSGD ranks, which only "
-                             f"compressor='powersgd' takes (got {comp.name!r})")
         named = list(self.model.named_parameters())
         layers = build_layers([{"params": [p for _, p in named]}], named,
                               self.options.min_compress_numel, comp)
-        engine = StepEngine(layers, comp, ctrl, TorchDistComm(self.process_group), self.options,
+        engine = StepEngine(layers, comp, self.controller, TorchDistComm(self.process_group), self.options,
                             step_context=self._step_context, external_buckets=True)
         engine.agree(engine.describe_setup())
         self._layer_of = {id(l.param): l for l in layers}
@@ -241,7 +244,7 @@ class GravacHookState:
 
     def on_epoch_end(self) -> None:
         """Tell the controller an epoch ended (Accordion's default interval)."""
-        self.engine.controller.on_epoch_end()
+        self.controller.on_epoch_end()
 
     def scalars(self) -> dict[str, float]:
         """The last step's numbers under the TensorBoard tags ``train.py`` writes (for
@@ -307,6 +310,41 @@ def gravac_hook(state: GravacHookState, bucket: dist.GradBucket) -> torch.future
         ddp.register_comm_hook(GravacHookState(model, controller=Static(cf=100)), gravac_hook)
     """
     return state.run(bucket)
+
+
+class _HookStateInOptimizer:
+    """Placed before the optimizer's class by ``optimizer_with_hook_state``."""
+
+    def state_dict(self):
+        state = super().state_dict()
+        state[STATE_KEY] = self._gravac_hook_state.state_dict()
+        return state
+
+    def load_state_dict(self, state_dict):
+        state_dict = dict(state_dict)
+        hook_state = state_dict.pop(STATE_KEY, None)
+        super().load_state_dict(state_dict)
+        if hook_state is not None:
+            self._gravac_hook_state.load_state_dict(hook_state)
+
+
+def optimizer_with_hook_state(optimizer: torch.optim.Optimizer,
+                              state: GravacHookState) -> torch.optim.Optimizer:
+    """``optimizer``, whose ``state_dict()`` also holds ``state``'s (under ``"gravac"``, as
+    gravac's own optimizer keeps its residuals) and whose ``load_state_dict`` gives it back:
+    a framework that checkpoints the optimizer (Lightning, Accelerate, ``train.py``) then
+    checkpoints the hook too. Returns the same object (its class gains the two methods).
+
+    Example::
+
+        opt = optimizer_with_hook_state(torch.optim.SGD(model.parameters(), lr=0.1), state)
+        torch.save(opt.state_dict(), "opt.pt")     # residuals, controller, step count too
+    """
+    cls = optimizer.__class__
+    if not issubclass(cls, _HookStateInOptimizer):
+        optimizer.__class__ = type(cls.__name__, (_HookStateInOptimizer, cls), {})
+    optimizer._gravac_hook_state = state
+    return optimizer
 
 
 def _lrs(optimizer) -> list[float]:

@@ -34,6 +34,8 @@ from ..controllers import Accordion, Auto, GraVAC, Static
 from ..engine.options import GravacOptions
 
 CONTROLLERS = ("dense", "static", "gravac", "accordion", "auto")
+#: How gravac's compression runs: its distributed optimizer, or a DDP communication hook.
+FRONT_ENDS = ("optimizer", "ddp_hook")
 DATASETS = ("digits", "cifar10", "cifar100", "ptb", "synthetic_images", "synthetic_text")
 OPTIMIZERS = ("sgd",)
 # auto: a tqdm bar on a terminal, else plain lines; always: the bar; plain: the lines
@@ -186,6 +188,11 @@ class CompressionConfig(EngineOptionsConfig):
     # allreduce for the first ddp_start_powersgd_iter steps (PyTorch's default: 1000).
     ddp_powersgd_rank: int | None = None
     ddp_start_powersgd_iter: int = 1000
+    # How gravac runs (controllers other than dense): "optimizer", its distributed
+    # optimizer; "ddp_hook", PyTorch DDP with gravac's communication hook
+    # (gravac/torch/hooks.py; torchrun only), DDP's buckets cut at bucket_cap_mb with
+    # overlap, one bucket without.
+    front_end: str = "optimizer"
     gravac: GraVACConfig = field(default_factory=GraVACConfig)
     accordion: AccordionConfig = field(default_factory=AccordionConfig)
     auto: AutoConfig = field(default_factory=AutoConfig)
@@ -486,6 +493,11 @@ def validate(cfg: Config) -> None:
     _require(c.ddp_powersgd_rank is None or c.dense_wire == "native",
              "compression.ddp_powersgd_rank", c.ddp_powersgd_rank,
              "and dense_wire=fp16 are two DDP hooks; DDP takes one")
+    _require(c.front_end in FRONT_ENDS, "compression.front_end", c.front_end,
+             f"must be one of {', '.join(FRONT_ENDS)}")
+    _require(c.front_end == "optimizer" or c.controller != "dense", "compression.front_end",
+             c.front_end, "runs gravac's compression: with controller dense the run is plain "
+                          "DDP already; pick a controller or front_end: optimizer")
     _require(c.ddp_start_powersgd_iter >= 2, "compression.ddp_start_powersgd_iter",
              c.ddp_start_powersgd_iter, "must be >= 2 (PyTorch's hook starts after DDP's "
              "first two iterations)")

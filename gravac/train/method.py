@@ -1,4 +1,5 @@
-"""How a run averages gradients, chosen once: Horovod's optimizer, PyTorch DDP or gravac's.
+"""How a run averages gradients, chosen once: Horovod's optimizer, PyTorch DDP, gravac's
+optimizer or gravac as DDP's communication hook (``compression.front_end: ddp_hook``).
 
 ``compression.controller: dense`` is what a user would run without gravac: on Horovod
 plain ``hvd.DistributedOptimizer`` (``Compression.fp16`` with ``dense_wire: fp16``); on
@@ -69,7 +70,7 @@ def prepare_environment(cfg: Config) -> None:
 class Method(abc.ABC):
     """One way of averaging gradients, built from the config and the transport."""
 
-    #: "horovod", "ddp" or "gravac".
+    #: "horovod", "ddp", "gravac" or "gravac_ddp_hook".
     kind: str = ""
 
     def __init__(self, cfg: Config, comm: Comm):
@@ -224,6 +225,55 @@ class Gravac(Method):
         opt.reset_world(comm)
 
 
+class GravacDDPHook(Method):
+    """gravac's compression as PyTorch DDP's communication hook (``compression.front_end:
+    ddp_hook``, gravac/torch/hooks.py): DDP averages during backward through gravac's
+    pipeline; the optimizer is plain SGD whose state dict carries the hook's state."""
+
+    kind = "gravac_ddp_hook"
+
+    def build_optimizer(self, model, defer_agreement=False):
+        from ..torch.hooks import GravacHookState, optimizer_with_hook_state
+
+        c = self.cfg.compression
+        options = dataclasses.asdict(engine_options(self.cfg, batch_size=self.cfg.data.batch_size))
+        for name in ("overlap", "bucket_cap_mb", "backward_passes_per_step"):
+            options.pop(name)            # DDP's buckets (wrap_model)
+        sgd = build_sgd(self.cfg.optimizer, model)
+        self.state = GravacHookState(model, compressor=c.compressor,
+                                     compressor_options=c.compressor_options,
+                                     controller=build_controller(c),
+                                     process_group=self.comm.group, optimizer=sgd, **options)
+        return optimizer_with_hook_state(sgd, self.state)
+
+    def wrap_model(self, model):
+        from ..torch.ddp import wrap_ddp
+        from ..torch.hooks import gravac_hook
+
+        c = self.cfg.compression
+        return wrap_ddp(model, self.comm, comm_hook=(self.state, gravac_hook),
+                        bucket_cap_mb=c.bucket_cap_mb if c.overlap else float("inf"))
+
+    def describe(self, opt) -> str:
+        c = self.cfg.compression
+        return (f"compressor {c.compressor}, controller {self.state.controller!r}; as PyTorch "
+                f"DDP's communication hook ("
+                + (f"buckets of {c.bucket_cap_mb:g} MiB" if c.overlap else "one bucket")
+                + ")" + ("" if c.exchange == "allgather" else f"; exchange {c.exchange}"))
+
+    def step(self, opt, parameters, grad_clip):
+        TorchDDP.step(self, opt, parameters, grad_clip)
+
+    def begin_step(self, opt):
+        self.state.restart_step_clock()
+
+    def step_stats(self, opt, step, dense_numel):
+        return self.state.last_stats
+
+    def controller(self, opt):
+        return self.state.controller
+
+
 def build_method(cfg: Config, comm: Comm) -> Method:
     """The method ``cfg`` asks for on ``comm``'s transport (see the module docstring).
 
@@ -240,9 +290,13 @@ def build_method(cfg: Config, comm: Comm) -> Method:
                          f"PowerSGD hook runs on torch.distributed (torchrun, run.backend=torch), "
                          f"not {comm.backend}; with horovodrun use compressor: powersgd "
                          "(configs/compression/static_powersgd_rank4.yaml)")
+    if c.front_end == "ddp_hook" and comm.backend != "torch":
+        raise ValueError(f"compression.front_end=ddp_hook: PyTorch DDP runs on "
+                         f"torch.distributed (torchrun, run.backend=torch), not "
+                         f"{comm.backend}; use front_end: optimizer")
     if c.controller == "dense":
         return _DENSE_BASELINES.get(comm.backend, Gravac)(cfg, comm)
-    return Gravac(cfg, comm)
+    return GravacDDPHook(cfg, comm) if c.front_end == "ddp_hook" else Gravac(cfg, comm)
 
 
 #: What a user would run without gravac, by transport (others: gravac's dense path).

@@ -6,11 +6,13 @@ import pytest
 import torch
 
 from gravac.train.loop import train
-from helpers import COMM, barrier, demo_config
+from helpers import BACKEND, COMM, barrier, demo_config
 
 
 # A run's report (plots, report.md) is written after its last checkpoint, on rank 0.
 NO_REPORT = "run.report=false"
+#: gravac as DDP's communication hook: torchrun only.
+DDP_HOOK = pytest.mark.skipif(BACKEND != "torch", reason="DDP runs on torch.distributed only")
 
 
 def _cfg(out, name, *files, steps=40, extra=()):
@@ -25,7 +27,9 @@ def _cfg(out, name, *files, steps=40, extra=()):
     ([], ["compression.gravac.window=10"]),            # the demo's GraVAC
     (["accordion_cnn.yaml"], ["compression.accordion.interval_steps=5",
                               "compression.accordion.switch_freq=2"]),
-], ids=["dense", "horovod-fp16", "static-topk", "gravac", "accordion"])
+    pytest.param([], ["compression.gravac.window=10", "compression.front_end=ddp_hook"],
+                  marks=DDP_HOOK),
+], ids=["dense", "horovod-fp16", "static-topk", "gravac", "accordion", "gravac-ddp-hook"])
 def test_every_controller_trains_and_writes_events_metrics_report(files, extra, shared_tmp, rank):
     name = "e2e-" + (files[0].split(".")[0] if files else "gravac")
     summary = train(_cfg(shared_tmp, name, *files, extra=extra))
@@ -58,7 +62,11 @@ def test_every_controller_trains_and_writes_events_metrics_report(files, extra, 
     ([], ["compression.gravac.window=8", "compression.gravac.omega=0"]),
     (["accordion_cnn.yaml"], ["compression.accordion.interval_steps=6",
                               "compression.accordion.switch_freq=2"]),
-], ids=["static-dgc", "gravac", "accordion"])
+    # The DDP hook's state rides in the optimizer's checkpoint (optimizer_with_hook_state).
+    pytest.param([], ["compression.gravac.window=8", "compression.gravac.omega=0",
+                      "compression.front_end=ddp_hook", "compression.overlap=true",
+                      "compression.bucket_cap_mb=0.05"], marks=DDP_HOOK),
+], ids=["static-dgc", "gravac", "accordion", "gravac-ddp-hook"])
 def test_resume_gives_identical_parameters(files, extra, shared_tmp):
     """2N steps straight == N steps, stop, resume, N more (crossing an epoch boundary)."""
     n = 30   # digits on 2 ranks at batch 16: 44 steps per epoch, so 60 crosses one
