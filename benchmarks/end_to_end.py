@@ -132,6 +132,15 @@ METHODS: dict[str, tuple[str, list[str]]] = {
     # The same without overlap (auto.yaml overlaps the steps of dense, fp16 and sparse).
     "gravac_auto_no_overlap": ("auto.yaml", ["compression.auto.recheck_every=100",
                                              "compression.overlap=false"]),
+    # gravac as PyTorch DDP's communication hook (gravac/torch/hooks.py; --backend torch
+    # only), against the optimizer with the same buckets ("static_topk_40x_overlap",
+    # "gravac_auto") and DDP's own hooks.
+    "static_topk_40x_ddp_hook": ("static_topk_10x.yaml", ["compression.cf=40",
+                                                         "compression.front_end=ddp_hook",
+                                                         "compression.overlap=true",
+                                                         "compression.bucket_cap_mb=1"]),
+    "gravac_auto_ddp_hook": ("auto.yaml", ["compression.auto.recheck_every=100",
+                                           "compression.front_end=ddp_hook"]),
     # The paper's rule with a lower gain threshold and a faster EWMA: what the LSTM
     # workload, whose gains fall quickly with the CF (~0.6 at 10x), needs to climb.
     "gravac_eps0.3": ("gravac_exp_topk.yaml", ["compression.gravac.window=25",
@@ -178,6 +187,11 @@ def sandbox_command(rate: str, hosts: int, slots: int, backend: str) -> list[str
     return ["bash", str(REPO / "hvd_scripts/cluster_sandbox.sh"), "--hosts", str(hosts),
             "--slots", str(slots), "--link", rate, *(["--each"] if backend == "torch" else []),
             "--"]
+
+
+def torch_only(method: str) -> bool:
+    """A method that runs on torch.distributed only: PyTorch DDP's hooks, or gravac's."""
+    return method.startswith("ddp_") or method.endswith("_ddp_hook")
 
 
 def run_one(method: str, rate: str, steps: int, out: Path, np_: int, extra: list[str],
@@ -469,7 +483,7 @@ def run_round(args, methods: list[str], order: list[str], backends: list[str],
         for backend in backends:
             runs = {}
             for method in order:
-                if method.startswith("ddp_") and backend != "torch":
+                if torch_only(method) and backend != "torch":
                     print(f"  {rate:>8} {backend:<8} {method:<18} skipped: a DDP hook runs on "
                           "torch.distributed only (--backend torch)", flush=True)
                     continue

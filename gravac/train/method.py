@@ -290,13 +290,15 @@ def build_method(cfg: Config, comm: Comm) -> Method:
                          f"PowerSGD hook runs on torch.distributed (torchrun, run.backend=torch), "
                          f"not {comm.backend}; with horovodrun use compressor: powersgd "
                          "(configs/compression/static_powersgd_rank4.yaml)")
-    if c.front_end == "ddp_hook" and comm.backend != "torch":
+    if c.front_end == "ddp_hook" and comm.backend == "horovod":
         raise ValueError(f"compression.front_end=ddp_hook: PyTorch DDP runs on "
                          f"torch.distributed (torchrun, run.backend=torch), not "
                          f"{comm.backend}; use front_end: optimizer")
     if c.controller == "dense":
         return _DENSE_BASELINES.get(comm.backend, Gravac)(cfg, comm)
-    return GravacDDPHook(cfg, comm) if c.front_end == "ddp_hook" else Gravac(cfg, comm)
+    if c.front_end == "ddp_hook" and comm.backend == "torch":
+        return GravacDDPHook(cfg, comm)
+    return Gravac(cfg, comm)
 
 
 #: What a user would run without gravac, by transport (others: gravac's dense path).
