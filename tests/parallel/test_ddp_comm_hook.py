@@ -223,6 +223,28 @@ def test_a_nan_on_one_rank_reaches_every_rank_and_the_residuals_roll_back():
     assert seen[3] == ("min", True)
 
 
+def test_grad_scaler_skips_the_nan_step_on_every_rank():
+    model = make_net(0)
+    ddp, state = _with_hook(model, controller=Static(cf=10))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    scales = []
+    for step in range(4):
+        opt.zero_grad()
+        x, y = _nan_on_rank1_at_step2(step, COMM.rank)
+        scaler.scale(F.cross_entropy(ddp(x), y)).backward()
+        before = _flat(model).clone()
+        scaler.step(opt)
+        scaler.update()
+        scales.append((scaler.get_scale(), torch.equal(before, _flat(model))))
+    every = COMM.allgather_object(scales, name="hook.scaler")
+    assert every[0] == every[1]
+    assert [s for s, _ in scales] == [1024.0, 1024.0, 512.0, 512.0]
+    assert [unchanged for _, unchanged in scales] == [False, False, True, False]
+    both = gather_rows(_flat(model), "hook.scaler.params")
+    assert torch.equal(both[0], both[1])
+
+
 def test_nonfinite_raise_raises_on_every_rank():
     model = make_net(0)
     ddp, _ = _with_hook(model, controller=Static(cf=10), nonfinite="raise")
