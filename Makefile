@@ -7,7 +7,7 @@ NP     ?= 2
 .PHONY: install test test-unit test-parallel test-faults test-cluster demo bench clean
 
 # Reinstall when the venv is missing or the pins / installer changed.
-$(STAMP): requirements.txt hvd_scripts/install.sh
+$(STAMP): requirements.txt requirements-frameworks.txt hvd_scripts/install.sh
 	bash hvd_scripts/install.sh
 	touch $@
 

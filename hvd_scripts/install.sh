@@ -55,6 +55,18 @@ trap 'rm -f "$constraints"' EXIT
 echo "torch==$torch_full" >"$constraints"
 grep -viE '^(torch|horovod|triton)==' "$REQ" | "${PIP[@]}" install -q -c "$constraints" -r /dev/stdin
 
+# 3a. PyTorch Lightning and Accelerate (requirements-frameworks.txt), for the examples and
+# tests that plug gravac's DDP communication hook into them; gravac itself does not need
+# them. Constraints: the installed torch build and the other pins of requirements.txt, so
+# that nothing here moves torch or a pin (not Triton's: a CUDA torch requires its own).
+FW_REQ=$repo/requirements-frameworks.txt
+echo "torch==$torch_full" >"$constraints"
+grep -viE '^(torch|horovod|triton)==' "$REQ" >>"$constraints"
+"${PIP[@]}" install -q -c "$constraints" -r "$FW_REQ" \
+    || die "installing $FW_REQ failed (pip's error above); it is resolved with" \
+           "torch==$torch_full and the pins of requirements.txt as constraints, and a" \
+           "version there that conflicts with one of them is the usual cause"
+
 # 3b. Triton, only where none is importable: a CUDA torch brings the Triton it was built
 # with (never replace that one); on a CPU torch the pinned one lets the tests run gravac's
 # GPU kernels in Triton's interpreter. Its wheels are for Linux x86_64 and aarch64 only.
