@@ -15,6 +15,8 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import sys
+import warnings
 from contextlib import contextmanager
 
 import torch
@@ -31,6 +33,12 @@ from .step import StepEngine
 STATE_KEY = "gravac"
 STATE_FORMAT = 1
 
+# GradScaler warns, on every optimizer that takes ``grad_scaler=`` (ours: averaging first,
+# then checking for an overflow on every rank alike), that it will stop passing itself.
+# The contract it will move to gives the optimizer each rank's local verdict only.
+warnings.filterwarnings("ignore", message="GradScaler is going to stop passing itself",
+                        category=FutureWarning)
+
 
 class DistributedOptimizerMixin:
     """Placed before the user's optimizer class: ``step()`` synchronises first.
@@ -38,6 +46,11 @@ class DistributedOptimizerMixin:
     Attributes after each step: ``last_stats`` (a ``StepStats``), ``memory`` (residuals),
     ``controller``, ``compressor``, ``comm``, ``skipped_steps``, ``options``.
     """
+
+    #: AMP's GradScaler hands itself to ``step(grad_scaler=...)`` instead of checking each
+    #: rank's local, not yet averaged gradients for an overflow apart (which let one rank
+    #: step, with collectives, while another skipped: a hang).
+    _step_supports_amp_scaling = True
 
     def __init__(self, params, named_parameters, compressor, controller, comm: Comm,
                  options: GravacOptions, host_of_rank=None):
@@ -59,6 +72,7 @@ class DistributedOptimizerMixin:
         self._lrs = self._current_lrs()
         self._synchronized = False
         self._should_synchronize = True
+        self._shared = False             # rank 0's shared state taken (the first step)
 
     # -- what the engine owns, for users and the trainer -----------------------------------
     compressor = property(lambda self: self._engine.compressor)
@@ -178,39 +192,78 @@ class DistributedOptimizerMixin:
         if self._context is None:
             if not self._agreed:
                 self._agree()            # before the step's first collective
+            if not self._shared:
+                self._share_rank0_state()
             lrs = self._current_lrs()
             decayed = any(new < old for new, old in zip(lrs, self._lrs))
             self._lrs = lrs
             self._context = (self._gravac_step, decayed)
         return self._context
 
-    def synchronize(self) -> None:
-        """Compress, communicate and aggregate all gradients (``step()`` calls this)."""
+    def _share_rank0_state(self) -> None:
+        """Rank 0's step count, controller and PowerSGD's Q on every rank (collective, at
+        the first step): what the ranks must share to issue the same collectives. A state
+        loaded on rank 0 alone, as Horovod's examples resume (then
+        ``hvd.broadcast_optimizer_state``, which knows nothing of gravac's state), would
+        otherwise leave the ranks' step clocks and controllers apart: a hang at the next
+        window. Residuals stay each rank's own."""
+        e = self._engine
+        lowrank = [c for c in e.compressors if c.is_lowrank]
+        mine = None
+        if e.comm.rank == 0:
+            # (Pickled from the CPU: a GPU tensor would unpickle onto rank 0's GPU.)
+            mine = {"step": self._gravac_step, "controller": _to_cpu(e.controller.state_dict()),
+                    "lowrank": [_to_cpu(c.state_dict()) for c in lowrank]}
+        shared = e.comm.broadcast_object(mine, name=f"{self._prefix}.shared_state")
+        if e.comm.rank != 0:
+            like = {l.name: l.param for l in e.layers}
+            self._gravac_step = int(shared["step"])
+            e.controller.load_state_dict(follow_devices(shared["controller"], like))
+            for comp, state in zip(lowrank, shared["lowrank"]):
+                comp.load_state_dict(follow_devices(state, like))
+        self._shared = True
+
+    def synchronize(self, *, _limit_skips: bool = True) -> None:
+        """Compress, communicate and aggregate all gradients (``step()`` calls this). A
+        step that some rank's NaN/Inf skips leaves every gradient NaN on every rank."""
         e = self._engine
         step, decayed = self._step_context()
         t0 = e.now()
         t_compute = None if self._last_step_end is None else t0 - self._last_step_end
         try:
-            self.last_stats = e.synchronize(step, decayed, t_compute)
+            self.last_stats = e.synchronize(step, decayed, t_compute, limit_skips=_limit_skips)
         except BaseException:
             self._context = None         # a failed step (e.g. nonfinite='raise') is over
             raise
         self._synchronized = True
 
-    def step(self, closure=None):
+    def step(self, closure=None, grad_scaler=None):
+        """Average the gradients (unless ``synchronize()`` did, see
+        ``skip_synchronize``), then step the wrapped optimizer. ``grad_scaler``: AMP's
+        ``GradScaler`` passes itself (``scaler.step(opt)``); the averaged gradients are then
+        unscaled and checked for an overflow, the same on every rank, and a step that
+        overflowed is skipped without counting toward ``max_consecutive_skips``."""
+        if _horovod_initialising_state():
+            return self._initialise_state(closure)
         if self._should_synchronize and not self._synchronized:
-            self.synchronize()
+            self.synchronize(_limit_skips=grad_scaler is None)
         if not self._synchronized:
             # Inside skip_synchronize() without a synchronize(): a purely local step.
             if self._engine.active:
                 raise RuntimeError("backward's hooks started this step's exchange "
                                    "(overlap=True): call synchronize() before step() inside "
                                    "skip_synchronize()")
+            if grad_scaler is not None and not _unscaled_finite(grad_scaler, self):
+                return None
             return super().step(closure)
         e, stats = self._engine, self.last_stats
         self._synchronized = False
         loss = None
-        if not stats.skipped:
+        # Averaged (or NaN on every rank, when skipped): the same verdict on every rank,
+        # which the scaler records for its update() in either case.
+        finite = grad_scaler is None or _unscaled_finite(grad_scaler, self)
+        update = finite and not stats.skipped
+        if update:
             # Every rank agreed to skip a non-finite step: no update, residuals untouched,
             # the step still counts.
             t0 = e.now()
@@ -219,13 +272,28 @@ class DistributedOptimizerMixin:
             stats.t_update = end - t0
         else:
             end = e.now()
-        if not stats.skipped and self._last_step_end is not None:
+        if update and self._last_step_end is not None:
             stats.t_iter = end - self._last_step_end
         self._last_step_end = end
-        e.end_step(stats, samples=None if stats.skipped else
+        e.end_step(stats, samples=None if not update else
                    (self.options.batch_size or 1) * e.comm.size)
         self._gravac_step += 1
         self._context = None
+        return loss
+
+    def _initialise_state(self, closure):
+        """Horovod's ``broadcast_optimizer_state`` creates an empty state with a step on
+        the zero gradients it set, on the ranks whose state is empty only (a collective
+        there would hang): as for Horovod's own optimizer, the wrapped optimizer's step
+        alone, and the parameters put back (weight decay would move them on those ranks
+        only, after ``broadcast_parameters``)."""
+        params = [p for g in self.param_groups for p in g["params"]]
+        with torch.no_grad():
+            saved = [p.detach().clone() for p in params]
+        loss = super().step(closure)
+        with torch.no_grad():
+            for p, value in zip(params, saved):
+                p.copy_(value)
         return loss
 
     # -- state ----------------------------------------------------------------------------
@@ -253,6 +321,32 @@ class DistributedOptimizerMixin:
         self._synchronized = False
         self._lrs = self._current_lrs()
         self._context = None
+
+
+def _horovod_initialising_state() -> bool:
+    """Whether ``step()`` was called by Horovod's ``broadcast_optimizer_state`` (to create
+    an empty state). Horovod tells its own optimizer by its module, which gravac's is not;
+    a few frames up covers torch's wrappers around ``step``."""
+    frame = sys._getframe(2)
+    for _ in range(6):
+        if frame is None:
+            return False
+        if frame.f_code.co_name == "broadcast_optimizer_state" and \
+                frame.f_globals.get("__name__", "").startswith("horovod."):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _unscaled_finite(scaler, optimizer) -> bool:
+    """Unscale ``optimizer``'s gradients by AMP's ``scaler`` (unless ``scaler.unscale_``
+    ran already this step) and say whether they are finite, as ``GradScaler.step`` would
+    on an optimizer without its own scaling. The scaler records the verdict for its
+    ``update()`` in its per-optimizer state, which ``GradScaler.step`` reads the same way."""
+    state = scaler._per_optimizer_states[id(optimizer)]
+    if state["stage"].name == "READY":
+        scaler.unscale_(optimizer)
+    return not sum(float(v) for v in state["found_inf_per_device"].values())
 
 
 def _make_controller(controller) -> Controller:

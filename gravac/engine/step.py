@@ -87,6 +87,9 @@ class _Step:
     flags_carrier: object = None      # the exchange the flags ride in
     staged: dict | None = None        # gradient copies for the controller (overlap)
     t_hooks: float = 0.0
+    #: A skip counts toward max_consecutive_skips (not under an AMP GradScaler, which
+    #: lowers its scale after each overflow: a streak of them is normal).
+    limit_skips: bool = True
 
 
 class StepEngine:
@@ -213,11 +216,14 @@ class StepEngine:
         return time.perf_counter()
 
     # -- the step -------------------------------------------------------------------------
-    def synchronize(self, step: int, lr_decayed: bool, t_compute: float | None) -> StepStats:
+    def synchronize(self, step: int, lr_decayed: bool, t_compute: float | None,
+                    limit_skips: bool = True) -> StepStats:
         """Average every layer's gradient across ranks (compressed as the controller
         plans), in place in ``.grad``; returns what the step did. With overlap, the
-        buckets that backward's hooks started are finished."""
+        buckets that backward's hooks started are finished. ``limit_skips=False``: a
+        skipped step does not count toward ``max_consecutive_skips`` (an AMP step)."""
         state = self._state or self._begin(step, lr_decayed)
+        state.limit_skips = limit_skips
         state.clock.resume()
         try:
             if not state.overlapped:
@@ -314,7 +320,7 @@ class StepEngine:
         if self.controller.observes_gradients:   # the same on every rank
             bad_ranks = self._agree_flags(state.local_bad, clock)
             if bad_ranks:
-                return self.skip(state.step, bad_ranks, clock, t_compute)
+                return self.skip(state.step, bad_ranks, clock, t_compute, state.limit_skips)
             state.flags_agreed = True
         if self.controller.wants_gradients:      # may differ per rank: no collective here
             self.controller.observe_gradients(
@@ -496,7 +502,7 @@ class StepEngine:
             # What arrived is not written (dense buckets were reduced in place, but the
             # step is skipped); residuals go back.
             self.memory.rollback_step()
-            return self.skip(state.step, bad_ranks, clock, t_compute)
+            return self.skip(state.step, bad_ranks, clock, t_compute, state.limit_skips)
         for pending in state.pendings:
             pending.unpack()
         clock.lap("t_unpack", sync=True)
@@ -648,8 +654,15 @@ class StepEngine:
         clock.lap("t_wait_check", sync=True)
         return flagged_ranks(flags)
 
-    def skip(self, step: int, bad_ranks: list[int], clock: PhaseClock, t_compute) -> StepStats:
-        self._consecutive_skips += 1
+    def skip(self, step: int, bad_ranks: list[int], clock: PhaseClock, t_compute,
+             limit_skips: bool = True) -> StepStats:
+        """A step some rank's NaN/Inf stops, on every rank: every gradient becomes NaN
+        (what reads them next, clipping or AMP's GradScaler, sees the skip on every rank
+        alike; they held a mix of local and partly averaged values), nothing is updated."""
+        for layer in self.layers:
+            if layer.param.grad is not None:
+                layer.param.grad.fill_(float("nan"))
+        self._consecutive_skips += int(limit_skips)
         self.skipped_steps.append({"step": step, "ranks": bad_ranks})
         limit = self.options.max_consecutive_skips
         if self.options.nonfinite == "raise" or self._consecutive_skips > limit:

@@ -206,12 +206,10 @@ class GravacHookState:
         t_compute = None if self._last_end is None else t0 - self._last_end
         stats = engine.synchronize(step, decayed, t_compute)
         end = engine.now()
-        if stats.skipped:
-            # Not skippable here: every rank gets a non-finite gradient, as DDP's allreduce
-            # would give, and AMP's GradScaler skips the update on every rank alike.
-            for _, buffer in self._in_flight:
-                buffer.fill_(math.nan)
-        elif self._last_end is not None:
+        # A skipped step is not skippable here: the engine made every gradient (DDP's
+        # buckets) NaN on every rank, as DDP's allreduce would, and AMP's GradScaler skips
+        # the update on every rank alike.
+        if not stats.skipped and self._last_end is not None:
             stats.t_iter = end - self._last_end
         self._last_end = end
         engine.end_step(stats, samples=None if stats.skipped else

@@ -96,7 +96,9 @@ def test_flags_ride_in_the_dense_group_and_skip_everywhere(where, value, dense_w
 def test_without_a_dense_layer_the_flags_take_an_allreduce_of_their_own():
     bad = _run(bad=(1, 1, "0.bias", float("nan")), min_compress_numel=1)
     for r in range(N):
-        assert bad[r][0][0] == ["gravac.sparse", "gravac.finite"]
+        # (The first step begins with rank 0's shared state: step count, controller.)
+        assert bad[r][0][0] == ["gravac.shared_state", "gravac.sparse", "gravac.finite"]
+        assert bad[r][2][0] == ["gravac.sparse", "gravac.finite"]
         assert bad[r][1][2].skipped and bad[r][1][2].nonfinite_ranks == [1]
         assert not bad[r][2][2].skipped
 

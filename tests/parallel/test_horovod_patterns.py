@@ -1,0 +1,142 @@
+"""Patterns of Horovod's documentation and examples with gravac's optimizer, on both
+transports: none may hang or leave the ranks training different models.
+
+- ``hvd.broadcast_optimizer_state`` after rank 0 alone loaded a checkpoint (Horovod's
+  ``pytorch_imagenet_resnet50.py``): Horovod initialises the empty state with a local
+  ``step()`` on the other ranks only;
+- AMP's ``GradScaler`` when one rank overflows: plain ``scaler.step(opt)``, and Horovod's
+  advice ``synchronize(); scaler.unscale_(opt); with skip_synchronize(): scaler.step(opt)``;
+  a run whose first steps all overflow (the scaler lowers its scale) trains on;
+- ``synchronize(); clip_grad_norm_(); with skip_synchronize(): step()`` mixed with plain
+  ``step()`` calls.
+"""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from gravac.controllers import GraVAC, Static
+
+from helpers import BACKEND, COMM, barrier, distributed_optimizer, gather_rows, make_net, rank_batch
+
+
+def _flat(model):
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+def _spread_is_zero(model, name):
+    both = gather_rows(_flat(model), name)
+    return torch.equal(both[0], both[1])
+
+
+def _overflow(model, step, rank, bad):
+    """Rank ``bad(step)``'s gradient overflows in one entry of a compressed layer (the
+    dense layers, averaged in place, would carry an overflow to every rank by themselves)."""
+    if bad(step) == rank:
+        model.fc1.weight.grad[0, 0] = float("inf")
+
+
+@pytest.mark.parametrize("controller", [Static(cf=10), GraVAC(theta_min=4, theta_max=64,
+                                                                 window=3)],
+                         ids=["static", "gravac"])
+@pytest.mark.parametrize("pattern", ["plain", "synchronize_first"])
+def test_grad_scaler_with_an_overflow_on_one_rank_keeps_the_ranks_together(pattern, controller):
+    model = make_net(0)
+    opt = distributed_optimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+                                model.named_parameters(), controller=controller)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    # Rank 1 overflows at step 2, rank 0 at step 5; GraVAC's windows (3 steps) broadcast.
+    bad = {2: 1, 5: 0}.get
+    seen = []
+    for step in range(10):
+        opt.zero_grad()
+        x, y = rank_batch(step, COMM.rank)
+        scaler.scale(F.cross_entropy(model(x), y)).backward()
+        _overflow(model, step, COMM.rank, bad)
+        if pattern == "plain":
+            scaler.step(opt)
+        else:
+            opt.synchronize()
+            scaler.unscale_(opt)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 5.0)
+            with opt.skip_synchronize():
+                scaler.step(opt)
+        scaler.update()
+        seen.append((scaler.get_scale(), opt.step_count))
+    every = COMM.allgather_object(seen, name=f"amp.{pattern}.{controller!r}")
+    assert every[0] == every[1], "every rank's scaler and step clock agree"
+    assert [s for s, _ in seen][:6] == [1024.0, 1024.0, 512.0, 512.0, 512.0, 256.0]
+    assert _spread_is_zero(model, f"amp.params.{pattern}.{controller!r}")
+    assert all(bool(torch.isfinite(p).all()) for p in model.parameters())
+
+
+def test_a_run_that_overflows_for_many_steps_first_trains_on():
+    # AMP's scaler starts high and halves on each overflow: a dozen overflowing steps in a
+    # row are normal, and not what max_consecutive_skips (10) is for.
+    model = make_net(0)
+    opt = distributed_optimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                                model.named_parameters(), controller=Static(cf=10))
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 40)
+    for step in range(16):
+        opt.zero_grad()
+        x, y = rank_batch(step, COMM.rank)
+        loss = F.cross_entropy(model(x), y) * 1e30       # overflows until the scale is low
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+    assert scaler.get_scale() < 2.0 ** 40
+    assert opt.step_count == 16
+    assert _spread_is_zero(model, "amp.streak")
+
+
+def test_synchronize_and_skip_synchronize_mixed_with_plain_steps():
+    model = make_net(0)
+    opt = distributed_optimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+                                model.named_parameters(), controller=Static(cf=10))
+    for step in range(8):
+        opt.zero_grad()
+        x, y = rank_batch(step, COMM.rank)
+        F.cross_entropy(model(x), y).backward()
+        if step % 3 == 0:
+            opt.synchronize()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+            with opt.skip_synchronize():
+                opt.step()
+        else:
+            opt.step()
+    assert opt.step_count == 8
+    assert _spread_is_zero(model, "skip_sync.mixed")
+
+
+@pytest.mark.skipif(BACKEND != "horovod", reason="hvd.broadcast_optimizer_state is Horovod's")
+def test_horovod_broadcast_optimizer_state_after_rank0_alone_loaded_a_checkpoint():
+    import horovod.torch as hvd
+
+    trained = make_net(0)
+    opt = distributed_optimizer(torch.optim.SGD(trained.parameters(), lr=0.05, momentum=0.9),
+                                trained.named_parameters(), controller=Static(cf=10))
+    for step in range(3):
+        opt.zero_grad()
+        x, y = rank_batch(step, COMM.rank)
+        F.cross_entropy(trained(x), y).backward()
+        opt.step()
+    checkpoint = {"model": trained.state_dict(), "opt": opt.state_dict()}
+
+    model = make_net(1)
+    resumed = distributed_optimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+                                    model.named_parameters(), controller=Static(cf=10))
+    if COMM.rank == 0:                    # as pytorch_imagenet_resnet50.py resumes
+        model.load_state_dict(checkpoint["model"])
+        resumed.load_state_dict(checkpoint["opt"])
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(resumed, root_rank=0)     # hung: a gravac step on rank 1
+    assert resumed.step_count == (3 if COMM.rank == 0 else 0)
+    for step in range(3, 6):
+        resumed.zero_grad()
+        x, y = rank_batch(step, COMM.rank)
+        F.cross_entropy(model(x), y).backward()
+        resumed.step()
+    momentum = [resumed.state[p]["momentum_buffer"] for p in model.parameters()]
+    both = gather_rows(torch.cat([m.reshape(-1) for m in momentum]), "bcast.momentum")
+    assert torch.equal(both[0], both[1])
+    assert _spread_is_zero(model, "bcast.params")
+    barrier("bcast.done")
