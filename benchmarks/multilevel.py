@@ -33,6 +33,10 @@ MODELS = {
     "resnet101": dict(name="resnet101", num_classes=10),
     "vgg16": dict(name="vgg16", num_classes=100),
     "lstm": dict(name="lstm", vocab_size=10_000),
+    # Table 1's models (the paper's Table 3 times these): configs/paper/table3_multilevel.sh
+    "resnet101_paper": dict(name="resnet101_paper", num_classes=1000),
+    "vgg16_paper": dict(name="vgg16_paper", num_classes=1000),
+    "lstm_paper": dict(name="lstm_paper", vocab_size=10_000),
 }
 
 

@@ -5,7 +5,7 @@
 # Usage:   hvd_scripts/sweep.sh SWEEP_FILE [--np N] [--dry-run] [--out DIR] [--set KEY=VALUE ...]
 #                                       [--overwrite | --resume] [--launcher horovodrun|torchrun]
 # Example: hvd_scripts/sweep.sh configs/sweeps/demo_sweep.yaml
-#          hvd_scripts/sweep.sh configs/sweeps/paper_resnet101.yaml --set data.root=data --dry-run
+#          hvd_scripts/sweep.sh configs/paper/table2_resnet101.yaml --set data.root=data --dry-run
 #
 # The sweep file format and the results are described in gravac/sweep/__init__.py
 # (`hvd_scripts/sweep.sh --help`). Env: GRAVAC_VENV=/path/.venv (default: <repo>/.venv).

@@ -5,12 +5,13 @@ Usage::
     .venv/bin/python -m gravac.sweep SWEEP_FILE [--np N] [--dry-run] [--out DIR]
                                  [--set KEY=VALUE ...] [--overwrite | --resume]
                                  [--launcher horovodrun|torchrun]
+                                 [--config FILE ...] [--hostfile FILE]
     (hvd_scripts/sweep.py is the same command)
 
 Examples::
 
     .venv/bin/python -m gravac.sweep configs/sweeps/demo_sweep.yaml
-    .venv/bin/python -m gravac.sweep configs/sweeps/paper_resnet101.yaml --np 4 \\
+    .venv/bin/python -m gravac.sweep configs/paper/table2_resnet101.yaml --np 4 \\
         --set data.root=/data/cifar --dry-run
 
 A sweep file is YAML::
@@ -28,7 +29,8 @@ A sweep file is YAML::
     baseline: {compression: 0}               # optional, axis -> index (or label)
 
 What a run gets: ``--config`` the base files, then each axis entry's ``files`` (axis
-order); ``--set`` the sweep's ``set``, then each axis entry's ``set`` (axis order, later
+order), then the command line's ``--config`` files (e.g. the scaled-down set of
+``configs/paper/``); ``--set`` the sweep's ``set``, then each axis entry's ``set`` (axis order, later
 wins), then the command line's ``--set``, then ``run.output_dir=<sweep dir>/runs`` and
 ``run.name=<sweep name>-<axis labels joined by '-'>``. Relative config paths are
 relative to the repository root (where train.py is).
@@ -40,7 +42,8 @@ whose ``compression.controller`` is ``dense`` (if any).
 Before anything is launched every run is resolved and checked with ``train.py --dry-run``
 (plain python, no horovodrun); one bad run stops the sweep there, naming the run and the
 config error. Runs then go one after another under ``horovodrun --gloo`` (or, with
-``--launcher torchrun``, ``torchrun --standalone``) on this host; a
+``--launcher torchrun``, ``torchrun --standalone``) on this host, or with ``--hostfile``
+across the hosts it lists (``hvd_scripts/run_multi_node.sh``); a
 failing run is recorded as failed and the sweep goes on. ``results.csv`` and
 ``results.md`` in the sweep directory are rewritten (atomically) after every run, and at
 the end ``python -m gravac.report`` plots the successful runs into ``<sweep dir>/report``.

@@ -107,13 +107,29 @@ def find_launcher(name: str, repo: Path = REPO) -> str | None:
     return str(local) if local.is_file() else shutil.which(name)
 
 
-def launch_command(launcher: str, path: str, np_: int, train_args: list[str]) -> list[str]:
-    """The command that runs train.py with ``train_args`` on ``np_`` local ranks.
+def launch_command(launcher: str, path: str, np_: int, train_args: list[str],
+                   hostfile: str | None = None) -> list[str]:
+    """The command that runs train.py with ``train_args`` on ``np_`` local ranks, or, with
+    ``hostfile`` (horovodrun only), on the hosts it lists through
+    ``hvd_scripts/run_multi_node.sh`` (which checks the configs and data here first).
 
     Example::
 
         launch_command("torchrun", "/r/.venv/bin/torchrun", 2, ["--config", "c.yaml"])
+        launch_command("horovodrun", "/r/.venv/bin/horovodrun", 32,
+                       ["--config", "c.yaml", "--set", "run.steps=9"], "hosts.txt")
+        # ['bash', 'hvd_scripts/run_multi_node.sh', 'hosts.txt', '32', 'c.yaml', '--',
+        #  '--set', 'run.steps=9']
     """
+    if hostfile is not None:
+        if launcher != "horovodrun":
+            raise SweepError(f"--hostfile runs through horovodrun (hvd_scripts/"
+                             f"run_multi_node.sh), not {launcher}; for torchrun across nodes "
+                             "use hvd_scripts/run_torchrun.sh on each node")
+        end = next((i for i, a in enumerate(train_args) if i and a.startswith("--")),
+                   len(train_args))
+        return ["bash", "hvd_scripts/run_multi_node.sh", hostfile, str(np_),
+                *train_args[1:end], "--", *train_args[end:]]
     if launcher == "horovodrun":
         return [path, "-np", str(np_), "-H", f"localhost:{np_}", "--gloo", sys.executable,
                 "train.py", *train_args]
@@ -201,6 +217,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="what starts each run's ranks (default: horovodrun); with "
                              "torchrun the runs use torch.distributed, and a dense baseline "
                              "is PyTorch DDP")
+    parser.add_argument("--config", dest="configs", action="append", default=[],
+                        metavar="FILE",
+                        help="a config file added after every run's own (later files win), "
+                             "e.g. configs/paper/scaled_images.yaml; repeatable")
+    parser.add_argument("--hostfile", metavar="FILE", default=None,
+                        help="run every run across the hosts of FILE (HOST slots=N lines) "
+                             "with hvd_scripts/run_multi_node.sh (horovodrun only)")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace runs left in the sweep directory by an earlier sweep")
     parser.add_argument("--resume", action="store_true",
@@ -266,7 +289,8 @@ def describe(sweep: Sweep, runs: Sequence[RunSpec], sweep_dir: Path,
 
 def execute(sweep: Sweep, runs: Sequence[RunSpec], sweep_dir: Path,
             extra: Sequence[tuple[str, Any]], baselines: dict[str, str | None],
-            launcher: str, launcher_path: str, resume_configs: dict | None = None) -> int:
+            launcher: str, launcher_path: str, resume_configs: dict | None = None,
+            hostfile: str | None = None) -> int:
     """Launch the runs one after another, keeping the results files current; exit status.
     With ``resume_configs`` (run name -> resolved config: ``--resume``), finished runs are
     kept and an interrupted one continues from its checkpoint."""
@@ -294,7 +318,7 @@ def execute(sweep: Sweep, runs: Sequence[RunSpec], sweep_dir: Path,
             notes[run.name] = ("resumed from its checkpoint (--resume)" if what == "resume"
                                else "started again: it had no checkpoint (--resume)")
         command = launch_command(launcher, launcher_path, sweep.np,
-                                 run.train_args(sweep_dir, extra) + more)
+                                 run.train_args(sweep_dir, extra) + more, hostfile)
         print(f"\n=== [{k}/{len(runs)}] {run.name} ===\n$ {' '.join(command)}", flush=True)
         log_path = sweep_dir / "logs" / f"{run.name}.log"
         status[run.name] = "running"
@@ -339,7 +363,14 @@ def main(argv: Sequence[str] | None = None,
         extra = cli_overrides(args.overrides, args.overwrite)
         if args.np is not None:
             sweep.np = args.np
+        if args.hostfile is not None:
+            launch_command(args.launcher, "", sweep.np, [], args.hostfile)   # refuses torchrun
+            if not Path(args.hostfile).is_file():
+                raise SweepError(f"--hostfile {args.hostfile}: no such file (one host per "
+                                 "line: HOST slots=N)")
         runs = expand(sweep)
+        for run in runs:
+            run.files = [*run.files, *args.configs]
     except SweepError as exc:
         print(f"sweep error: {exc}", file=sys.stderr)
         return 2
@@ -367,7 +398,9 @@ def main(argv: Sequence[str] | None = None,
         print(f"all {len(runs)} runs are valid (dry run: nothing launched)")
         return 0
     return execute(sweep, runs, sweep_dir, extra, baselines, args.launcher, launcher_path,
-                   resume_configs=configs if args.resume else None)
+                   resume_configs=configs if args.resume else None,
+                   hostfile=None if args.hostfile is None else
+                   str(Path(args.hostfile).expanduser().resolve()))
 
 
 if __name__ == "__main__":

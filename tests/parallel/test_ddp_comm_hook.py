@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 import gravac.torch
-from gravac.controllers import Auto, GraVAC, Static
+from gravac.controllers import Accordion, Auto, GraVAC, Static
 
 from helpers import BACKEND, COMM, barrier, gather_rows, make_net, rank_batch
 
@@ -95,6 +95,17 @@ def test_gravac_deciding_from_gains_equals_the_optimizer(decide):
     hooked, _, records = _train_hook(8, ctrl())
     reference, ref_records = _train_optimizer(8, ctrl())
     assert [r.sent for r in records] == [r.sent for r in ref_records]
+    assert torch.equal(_flat(hooked), _flat(reference))
+
+
+def test_accordion_equals_the_optimizer():
+    # Accordion observes each rank's gradients (rank 0 decides): through DDP's buckets it
+    # sees them bucket by bucket, the optimizer all at once; the same decisions follow.
+    ctrl = lambda: Accordion(low_cf=4, high_cf=32, interval_steps=2, switch_freq=1)
+    hooked, _, records = _train_hook(8, ctrl())
+    reference, ref_records = _train_optimizer(8, ctrl())
+    assert [r.layer_cf for r in records] == [r.layer_cf for r in ref_records]
+    assert len({tuple(sorted((r.layer_cf or {}).items())) for r in records}) > 1, "it switched"
     assert torch.equal(_flat(hooked), _flat(reference))
 
 

@@ -452,15 +452,69 @@ def test_paper_sweep_validates_on_tiny_fake_data(tmp_path, monkeypatch, capsys):
             code = cli.main([*args, "--dry-run"])
         return None if code == 0 else err.getvalue().strip()
 
-    code = swx.main(["configs/sweeps/paper_resnet101.yaml", "--dry-run", "--out", str(tmp_path / "sw"),
+    code = swx.main(["configs/paper/table2_resnet101.yaml", "--dry-run", "--out", str(tmp_path / "sw"),
                     "--set", f"data.root={tmp_path / 'data'}"], check=check)
     out = capsys.readouterr().out
     assert code == 0, out
     expected = ["dense"] + [f"static_{c}_{f}x" for c in ("topk", "dgc", "redsync", "randomk")
-                            for f in (10, 1000)] + \
-        ["gravac_exp_dgc_eps07", "gravac_exp_dgc_eps09", "gravac_geo_redsync", "gravac_randomk",
-         "accordion_cnn", "accordion_randomk"]
-    assert sorted(re.findall(r"^\s+\d+\. paper_resnet101-(\S+)", out, flags=re.M)) == sorted(expected)
+                            for f in (10, 1000)] + ["gravac_exp_dgc_eps07", "gravac_exp_dgc_eps09"]
+    assert sorted(re.findall(r"^\s+\d+\. table2_resnet101-(\S+)", out, flags=re.M)) == sorted(expected)
     assert len(checked) == len(expected)
     assert all(f"data.root={tmp_path / 'data'}" in args for args in checked)
-    assert "paper_resnet101-dense                 compression=dense  (baseline)" in out
+    assert "table2_resnet101-dense                 compression=dense  (baseline)" in out
+    assert "on 32 ranks each" in out                     # the paper's scale
+
+
+@pytest.mark.parametrize("sweep", sorted(p for p in (REPO / "configs/paper").glob("*.yaml")
+                                         if not p.stem.startswith("scaled_")),
+                         ids=lambda p: p.stem)
+def test_every_paper_sweep_resolves_as_it_is_and_scaled(sweep, tmp_path, capsys):
+    """Every run of every configs/paper sweep is a valid config on a cluster (as it is) and
+    scaled down on one machine (with its scaled file): the configs are resolved and
+    checked, not built (the dry run above builds a whole table's models)."""
+    from gravac.train.config import ConfigError, load_config
+
+    def check(args):
+        files, sets, i = [], [], 1
+        while i < len(args):
+            if args[i] == "--set":
+                sets.append(args[i + 1])
+                i += 2
+            else:
+                files.append(args[i])
+                i += 1
+        try:
+            load_config(files, sets)
+        except ConfigError as exc:
+            return str(exc)
+        return None
+
+    scaled = "scaled_text.yaml" if "lstm" in sweep.stem else "scaled_images.yaml"
+    for extra in ([], ["--config", f"configs/paper/{scaled}", "--np", "2"]):
+        code = swx.main([str(sweep), "--dry-run", "--out", str(tmp_path / "sw"), *extra],
+                        check=check)
+        out = capsys.readouterr().out
+        assert code == 0, out
+        assert f"on {32 if not extra else 2} ranks each" in out
+    if extra:
+        assert f"configs/paper/{scaled}" in out
+
+
+def test_a_hostfile_runs_each_run_through_run_multi_node():
+    from gravac.sweep.runner import launch_command
+
+    args = ["--config", "a.yaml", "b.yaml", "--set", "run.steps=9", "--resume"]
+    assert launch_command("horovodrun", "/x/horovodrun", 32, args, "/h/hosts.txt") == [
+        "bash", "hvd_scripts/run_multi_node.sh", "/h/hosts.txt", "32", "a.yaml", "b.yaml",
+        "--", "--set", "run.steps=9", "--resume"]
+    with pytest.raises(swx.SweepError, match="--hostfile runs through horovodrun"):
+        launch_command("torchrun", "/x/torchrun", 2, args, "/h/hosts.txt")
+
+
+def test_hostfile_and_config_options_on_the_command_line(tmp_path, capsys):
+    code = swx.main(["configs/sweeps/demo_sweep.yaml", "--dry-run", "--hostfile",
+                     str(tmp_path / "none.txt"), "--out", str(tmp_path / "sw")])
+    assert code == 2 and "--hostfile" in capsys.readouterr().err
+    code = swx.main(["configs/sweeps/demo_sweep.yaml", "--dry-run", "--launcher", "torchrun",
+                     "--hostfile", "x", "--out", str(tmp_path / "sw")])
+    assert code == 2 and "runs through horovodrun" in capsys.readouterr().err
