@@ -30,7 +30,8 @@ if [ "$what" = all ] || [ "$what" = unit ]; then
     # one process after the other. The Triton kernels' interpreted tests run in a process
     # of their own after the first.
     split=(tests/unit/test_configs_dry_run.py tests/unit/test_sweep.py
-           tests/unit/test_resume_config.py tests/unit/test_train_local.py)
+           tests/unit/test_resume_config.py tests/unit/test_train_local.py
+           tests/unit/test_framework_examples.py)
     unit_a() {
         "$PY" -m pytest "${split[@]}" -q -p no:cacheprovider --junitxml="$results/unit-a.xml"
     }

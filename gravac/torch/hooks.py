@@ -107,6 +107,8 @@ class GravacHookState:
             raise ValueError(f"controller {self.controller!r} plans PowerSGD ranks, which only "
                              f"compressor='powersgd' takes (got {comp.name!r})")
         self.process_group = process_group
+        #: Parameters DDP was told to leave alone (given the DDP model): not gravac's either.
+        self.ignored = sorted(getattr(model, "parameters_to_ignore", ()))
         self.model = getattr(model, "module", model)
         self.optimizer = optimizer
         self._reset_internal()
@@ -139,7 +141,7 @@ class GravacHookState:
         from ..comm.torchdist import TorchDistComm
 
         comp = _compressors.get(self.compressor_name, **self.compressor_options)
-        named = list(self.model.named_parameters())
+        named = [(n, p) for n, p in self.model.named_parameters() if n not in self.ignored]
         layers = build_layers([{"params": [p for _, p in named]}], named,
                               self.options.min_compress_numel, comp)
         engine = StepEngine(layers, comp, self.controller, TorchDistComm(self.process_group), self.options,

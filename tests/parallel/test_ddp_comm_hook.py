@@ -299,6 +299,23 @@ def test_resume_from_state_dict_and_from_pickle_is_exact():
     assert torch.equal(_flat(from_pickle), _flat(straight))
 
 
+def test_parameters_ddp_ignores_are_left_alone():
+    from gravac.torch.hooks import GravacHookState, gravac_hook
+
+    model = make_net(0)
+    DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, ["norm.weight"])
+    ddp = DistributedDataParallel(model, bucket_cap_mb=SMALL_BUCKETS_MB)
+    state = GravacHookState(ddp, controller=Static(cf=10))     # the DDP model: its ignores
+    ddp.register_comm_hook(state, gravac_hook)
+    x, y = rank_batch(0, COMM.rank)
+    F.cross_entropy(ddp(x), y).backward()
+    assert "norm.weight" not in [l.name for l in state.engine.layers]
+    local = gather_rows(model.norm.weight.grad, "hook.ignored.local")
+    averaged = gather_rows(model.fc2.weight.grad, "hook.ignored.averaged")
+    assert not torch.equal(local[0], local[1]), "an ignored parameter keeps its own gradient"
+    assert torch.equal(averaged[0], averaged[1])
+
+
 def test_options_ddp_owns_are_refused_in_one_line():
     from gravac.torch.hooks import GravacHookState
 
