@@ -143,6 +143,10 @@ class DistributedOptimizerMixin:
         self._synchronized = False
         self._should_synchronize = True
         self._context = None
+        # The reset's caller has synchronised the training state (elastic: rank 0's, on
+        # every rank, a joining one included): no first-step sharing, which a rank that
+        # stepped before would not join.
+        self._shared = True
 
     def restart_step_clock(self) -> None:
         """Count the next step's time from now: call it after work between two steps that
