@@ -364,6 +364,19 @@ def _make_controller(controller) -> Controller:
                      f"GraVAC(...)) or a number (a static CF), got {controller!r}")
 
 
+def make_compression(compressor, compressor_options: dict | None, controller):
+    """(compressor, controller) as the front ends take them (a name and its options, a
+    Controller or a number), refusing a controller that plans PowerSGD ranks for a
+    sparsifier."""
+    comp = _compressors.get(compressor, **(compressor_options or {}))
+    ctrl = _make_controller(controller)
+    if ctrl.uses_ranks and not comp.is_lowrank:
+        raise ValueError(f"controller {ctrl!r} plans PowerSGD ranks, which only "
+                         f"compressor='powersgd' takes (got {comp.name!r}); sparsifiers take "
+                         "CFs, e.g. Static(cf=100)")
+    return comp, ctrl
+
+
 def make_options(options: dict) -> GravacOptions:
     """``GravacOptions`` from keyword arguments, refusing a name it does not have."""
     known = [f.name for f in dataclasses.fields(GravacOptions)]
@@ -386,12 +399,7 @@ def wrap_optimizer(optimizer, named_parameters, comm: Comm, compressor="topk", c
         raise ValueError(f"comm must be a gravac.comm.Comm (e.g. gravac.comm.init('auto')), "
                          f"got {type(comm).__name__}")
     opts = make_options(options).check()
-    comp = _compressors.get(compressor, **(compressor_options or {}))
-    ctrl = _make_controller(controller)
-    if ctrl.uses_ranks and not comp.is_lowrank:
-        raise ValueError(f"controller {ctrl!r} plans PowerSGD ranks, which only "
-                         f"compressor='powersgd' takes (got {comp.name!r}); sparsifiers take "
-                         "CFs, e.g. Static(cf=100)")
+    comp, ctrl = make_compression(compressor, compressor_options, controller)
     cls = type(optimizer.__class__.__name__, (DistributedOptimizerMixin, optimizer.__class__), {})
     return cls(optimizer.param_groups, named_parameters, comp, ctrl, comm, opts, host_of_rank)
 

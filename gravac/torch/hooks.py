@@ -56,7 +56,8 @@ import torch.distributed as dist
 
 from .. import compressors as _compressors
 from ..engine.layers import build_layers
-from ..engine.optimizer import STATE_FORMAT, STATE_KEY, _make_controller, _to_cpu, make_options
+from ..engine.optimizer import (STATE_FORMAT, STATE_KEY, _to_cpu, make_compression,
+                                make_options)
 from ..engine.record import StepStats
 from ..engine.run_record import TENSORBOARD_TAGS
 from ..engine.step import StepEngine
@@ -100,12 +101,8 @@ class GravacHookState:
         # The user's choices, checked now (before any process starts training).
         self.options = make_options(options).check()
         self.compressor_name, self.compressor_options = compressor, dict(compressor_options or {})
-        comp = _compressors.get(compressor, **self.compressor_options)
         #: The controller (its state resumes from ``load_state_dict``).
-        self.controller = _make_controller(controller)
-        if self.controller.uses_ranks and not comp.is_lowrank:
-            raise ValueError(f"controller {self.controller!r} plans PowerSGD ranks, which only "
-                             f"compressor='powersgd' takes (got {comp.name!r})")
+        _, self.controller = make_compression(compressor, self.compressor_options, controller)
         self.process_group = process_group
         #: Parameters DDP was told to leave alone (given the DDP model): not gravac's either.
         self.ignored = sorted(getattr(model, "parameters_to_ignore", ()))
