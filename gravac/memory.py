@@ -42,6 +42,8 @@ class ResidualMemory:
     dense tensor with g_ef's number of elements, a ``SparseSent``, or ``None`` for "all of
     g_ef was sent" (dense fallback: the residual becomes zero). ``begin_step()`` and
     ``rollback_step()`` bracket a step whose updates may have to be undone.
+    ``begin_step(held=names)``: those residuals sit the step out (a frozen layer): g_ef is
+    the gradient alone, and neither ``update`` nor ``flush_into`` changes them.
     """
 
     def __init__(self):
@@ -51,6 +53,7 @@ class ResidualMemory:
         self._zero: set[str] = set()     # residuals known to be all zeros
         # name -> (the residual before this step's update, whether it was zero)
         self._undo: dict[str, tuple[torch.Tensor, bool]] = {}
+        self._held: frozenset[str] = frozenset()
 
     @staticmethod
     def dtype_for(grad_dtype: torch.dtype) -> torch.dtype:
@@ -84,8 +87,10 @@ class ResidualMemory:
 
     def compensate(self, name: str, grad: torch.Tensor) -> torch.Tensor:
         """g_ef = grad + residual, flat, written into (and aliasing) the spare buffer; the
-        residual itself is unchanged until ``update``."""
+        residual itself is unchanged until ``update``. A held residual is not added."""
         buf = self._buffer(name, grad)
+        if name in self._held:
+            return grad.reshape(-1).to(buf.dtype, copy=True)
         return torch.add(buf, grad.reshape(-1).to(buf.dtype), out=self._spare(name, buf))
 
     def compensate_all(self, names: list[str], grads: list[torch.Tensor],
@@ -98,7 +103,8 @@ class ResidualMemory:
         kinds = {(g.device, g.dtype) for g in grads}
         if batched is None:      # (one gradient: compensate's one launch is fewer)
             batched = len(grads) > 1 and grads[0].device.type != "cpu"
-        if not batched or len(kinds) != 1 or self.dtype_for(grads[0].dtype) != grads[0].dtype:
+        if not batched or len(kinds) != 1 or self.dtype_for(grads[0].dtype) != grads[0].dtype \
+                or self._held.intersection(names):
             return [self.compensate(n, g) for n, g in zip(names, grads)]
         bufs = [self._buffer(n, g) for n, g in zip(names, grads)]
         spares = [self._spare(n, b) for n, b in zip(names, bufs)]
@@ -111,17 +117,20 @@ class ResidualMemory:
         The same result as ``compensate`` + copying g_ef into grad + ``update(.., None)``,
         without touching memory when the residual is already zero."""
         self._buffer(name, grad)
-        if name in self._zero:
+        if name in self._zero or name in self._held:
             return
         g_ef = self.compensate(name, grad)
         grad.view(-1).copy_(g_ef)
         self.update(name, g_ef, None)
 
     def update(self, name: str, g_ef: torch.Tensor, sent) -> None:
-        """residual ← g_ef − sent (see the class docstring for the forms of ``sent``)."""
+        """residual ← g_ef − sent (see the class docstring for the forms of ``sent``); a
+        held residual stays as it is."""
         old = self._buffers.get(name)
         if old is None:
             raise KeyError(f"update({name!r}) before compensate({name!r})")
+        if name in self._held:
+            return
         new = self._spare(name, old)
         if g_ef.data_ptr() != new.data_ptr():
             new.copy_(g_ef.reshape(-1))
@@ -140,9 +149,11 @@ class ResidualMemory:
         else:
             self._zero.discard(name)
 
-    def begin_step(self) -> None:
-        """Start a step: ``rollback_step`` will undo the updates from here on."""
+    def begin_step(self, held=frozenset()) -> None:
+        """Start a step: ``rollback_step`` will undo the updates from here on; the
+        residuals of ``held`` (names) sit this step out."""
         self._undo.clear()
+        self._held = frozenset(held)
 
     def rollback_step(self) -> None:
         """Every residual updated since ``begin_step`` goes back to its value before (the

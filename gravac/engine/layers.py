@@ -26,11 +26,22 @@ class Layer:
     compressible: bool
 
 
+#: What ``torch.compile`` puts before the names of a compiled model's parameters: left out,
+#: so that a checkpoint moves between the compiled and the eager model.
+COMPILED_PREFIX = "_orig_mod."
+
+
+def positional_names(param_groups) -> list[tuple[str, torch.Tensor]]:
+    """Names by position, as Horovod gives them when ``named_parameters`` is None."""
+    return [(f"allreduce.noname.{i}.{j}", p) for i, group in enumerate(param_groups)
+            for j, p in enumerate(group["params"])]
+
+
 def build_layers(param_groups, named_parameters, min_compress_numel: int, compressor) -> list[Layer]:
-    """Validate names and build the layer list in param-group order (same on all ranks)."""
+    """Validate names and build the layer list in param-group order (same on all ranks).
+    ``named_parameters`` None names them by position (``positional_names``)."""
     if named_parameters is None:
-        raise ValueError("named_parameters is required: pass model.named_parameters(); names key "
-                         "the residual memory and must be the same on every rank")
+        named_parameters = positional_names(param_groups)
     named = list(named_parameters)
     for item in named:
         if not (isinstance(item, tuple) and len(item) == 2):
@@ -45,7 +56,7 @@ def build_layers(param_groups, named_parameters, min_compress_numel: int, compre
         (dups if name in seen else seen).add(name)
     if dups:
         raise ValueError(f"parameter names must be unique; duplicated: {', '.join(sorted(dups))}")
-    names_by_id = {id(p): name for name, p in named}
+    names_by_id = {id(p): name.replace(COMPILED_PREFIX, "") for name, p in named}
     layers, unnamed = [], []
     for group in param_groups:
         for p in group["params"]:

@@ -60,6 +60,10 @@ class DistributedOptimizerMixin:
         self._prefix = options.name_prefix
         layers = build_layers(self.param_groups, named_parameters, options.min_compress_numel,
                               compressor)
+        # Frozen when the optimizer was built: never communicated (a fine-tuned model's
+        # frozen backbone costs nothing), so never unfrozen either (see synchronize).
+        sent = {id(l.param) for l in layers}
+        self._left_out = [p for g in self.param_groups for p in g["params"] if id(p) not in sent]
         self._context: tuple[int, bool] | None = None
         self._engine = StepEngine(layers, compressor, controller, comm, options, host_of_rank,
                                   step_context=self._step_context)
@@ -148,6 +152,31 @@ class DistributedOptimizerMixin:
         # stepped before would not join.
         self._shared = True
 
+    def add_param_group(self, param_group) -> None:
+        """Refused once built: every rank's step sends the parameters the optimizer was
+        built with (a group added on some ranks only would be a hang)."""
+        if getattr(self, "_engine", None) is not None:
+            raise ValueError("add_param_group: gravac's optimizer sends the parameters it was "
+                             "built with; build the torch optimizer with every param group "
+                             "first, then wrap it")
+        super().add_param_group(param_group)
+
+    def set_backward_passes_per_step(self, passes: int) -> None:
+        """Horovod's: the backward passes accumulated per step from now on (with
+        ``overlap=True``, the hooks send after the last of them). Call it on every rank."""
+        options = dataclasses.replace(self.options, backward_passes_per_step=passes).check()
+        if self._engine.active:
+            raise RuntimeError("set_backward_passes_per_step: a step is in flight (backward "
+                               "ran); call it between steps")
+        self.options = self._engine.options = options
+        if self._engine.hooks is not None:
+            self._engine.hooks.backward_passes_per_step = passes
+            self._engine.hooks.reset()
+
+    @property
+    def backward_passes_per_step(self) -> int:
+        return self.options.backward_passes_per_step
+
     def restart_step_clock(self) -> None:
         """Count the next step's time from now: call it after work between two steps that
         is not training (evaluation, checkpoints, logging), so that the step's t_compute
@@ -231,6 +260,14 @@ class DistributedOptimizerMixin:
         """Compress, communicate and aggregate all gradients (``step()`` calls this). A
         step that some rank's NaN/Inf skips leaves every gradient NaN on every rank."""
         e = self._engine
+        unfrozen = [p for p in self._left_out if p.grad is not None]
+        if unfrozen:
+            # Its gradient is this rank's alone: stepping on it would part the ranks.
+            raise RuntimeError(
+                f"{len(unfrozen)} parameter(s) (shapes {[tuple(p.shape) for p in unfrozen[:3]]}) "
+                "have a gradient but were frozen (requires_grad=False) when gravac's optimizer "
+                "was built, so they are not averaged; build the optimizer after unfreezing "
+                "(a layer frozen later is handled: it sends zeros)")
         step, decayed = self._step_context()
         t0 = e.now()
         t_compute = None if self._last_step_end is None else t0 - self._last_step_end

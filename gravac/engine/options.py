@@ -32,6 +32,8 @@ ExchangeKind = Literal[EXCHANGE_KINDS]
 #: DDP's fp16_compress_hook).
 DenseWire = Literal["native", "fp16"]
 DENSE_WIRES: tuple[str, ...] = get_args(DenseWire)
+#: How the ranks' gradients combine (Horovod's ``op``: ``hvd.Average``, ``hvd.Sum``).
+ReduceOp = Literal["average", "sum"]
 #: What a NaN/Inf gradient on any rank does.
 Nonfinite = Literal["skip", "raise"]
 NONFINITE: tuple[str, ...] = get_args(Nonfinite)
@@ -69,13 +71,22 @@ class GravacOptions:
         "With overlap, MiB of gradient per bucket (cut in reverse layer order, the same on "
         "every rank).")})
     backward_passes_per_step: int = field(default=1, metadata=_front_end_only(
-        "With overlap, backward passes accumulated before the hooks send (Horovod's option "
-        "of that name)."))
+        "Backward passes accumulated before a step (Horovod's option of that name): with "
+        "overlap the hooks send after the last of them; without it step() sends whatever "
+        "the passes accumulated, so it only states the intent."))
     exchange: ExchangeKind = field(default="allgather", metadata={"doc": (
         "How sparse selections travel: 'allgather' (the paper's), 'allgather_coded' (the "
         "same with each layer's indices in ~1.1-2 bytes instead of 4), 'hierarchical' (dense "
         "inside a host, each host's average sparse across hosts) or 'shared_index' (every "
         "rank sends values at each layer's rotating leader's indices, by allreduce).")})
+    op: ReduceOp = field(default="average", metadata=_front_end_only(
+        "How the ranks' gradients combine: 'average' or 'sum' (Horovod's op=hvd.Average, "
+        "hvd.Sum)."))
+    gradient_predivide_factor: float = field(default=1.0, metadata=_front_end_only(
+        "With op='average', the layers sent dense are divided by this factor before the sum "
+        "and multiplied by factor/size after it, as Horovod's option of that name (it keeps "
+        "an fp16 sum in range); compressed values are summed in their own dtype after the "
+        "allgather, where it changes nothing."))
     batch_size: int | None = field(default=None, metadata=_front_end_only(
         "Samples per rank per step, for the throughput the controller measures."))
     name_prefix: str = field(default="gravac", metadata=_front_end_only(
@@ -96,6 +107,11 @@ class GravacOptions:
                  "must be a number > 0 (MiB of gradient per overlapped bucket)")
         _require(self.backward_passes_per_step >= 1, "backward_passes_per_step",
                  self.backward_passes_per_step, "must be an int >= 1")
+        _require(self.gradient_predivide_factor > 0, "gradient_predivide_factor",
+                 self.gradient_predivide_factor, "must be a number > 0")
+        _require(self.op == "average" or self.gradient_predivide_factor == 1.0,
+                 "gradient_predivide_factor", self.gradient_predivide_factor,
+                 "takes op='average' only (as in Horovod); leave it at 1.0 with op='sum'")
         _require(self.batch_size is None or self.batch_size >= 1, "batch_size", self.batch_size,
                  "must be a positive int (samples per rank per step) or None")
         _require(bool(self.name_prefix), "name_prefix", self.name_prefix,
@@ -103,11 +119,9 @@ class GravacOptions:
         _require(EXCHANGES[self.exchange].overlaps or not self.overlap, "exchange", self.exchange,
                  "cannot be combined with overlap=true (its step needs every gradient before "
                  "its first collective); set overlap to false or exchange to allgather")
-        default = type(self)()
-        for name in ("bucket_cap_mb", "backward_passes_per_step"):
-            _require(self.overlap or getattr(self, name) == getattr(default, name), name,
-                     getattr(self, name), "takes effect with overlap=true only (without it, "
-                     "step() sends whatever the backward passes accumulated)")
+        _require(self.overlap or self.bucket_cap_mb == type(self)().bucket_cap_mb,
+                 "bucket_cap_mb", self.bucket_cap_mb, "takes effect with overlap=true only "
+                 "(without it, step() sends every layer in one exchange)")
         return self
 
     def check_with(self, compressor, controller=None) -> "GravacOptions":

@@ -90,6 +90,14 @@ class _Step:
     #: A skip counts toward max_consecutive_skips (not under an AMP GradScaler, which
     #: lowers its scale after each overflow: a streak of them is normal).
     limit_skips: bool = True
+    #: Layers frozen on this rank (``requires_grad`` off since the optimizer was built):
+    #: they send zeros, their residuals sit the step out.
+    frozen: frozenset = frozenset()
+    #: Layers whose gradient came sparse (an embedding's): name -> its sparse_dim, to
+    #: hand the optimizer a sparse gradient again.
+    sparse: dict = field(default_factory=dict)
+    #: Dense layers divided by ``gradient_predivide_factor`` before their allreduce.
+    prescaled: list = field(default_factory=list)
 
 
 class StepEngine:
@@ -257,12 +265,16 @@ class StepEngine:
         clock.lap("t_control")
         overlapped = (self.hooks is not None or self.external_buckets) and self.exchange.overlaps
         hold_all = not self.exchange.world_beside or (level is None and not overlapped)
-        self.memory.begin_step()
+        # (DDP's buckets hold what DDP's reducer wrote: its own rules for frozen layers.)
+        frozen = frozenset() if self.external_buckets else frozenset(
+            l.name for l in self.layers if not l.param.requires_grad)
+        self.memory.begin_step(held=frozen)
         buckets = [self.layers]
         if overlapped:
             buckets = [] if self.external_buckets else self.buckets
         self._state = _Step(step, plan, clock, planned, all_candidate, level, hold_all,
-                            overlapped, buckets, closed=not (overlapped and self.external_buckets))
+                            overlapped, buckets, closed=not (overlapped and self.external_buckets),
+                            frozen=frozen)
         if overlapped:
             # The exchange's work before selection, gradients or not (an overlapping
             # exchange's begin does not read them; without hooks: _before_buckets).
@@ -310,8 +322,7 @@ class StepEngine:
         (Accordion) must not see a skipped step's, so the flags are agreed first, in a
         round of their own; and the exchange's work before selection runs."""
         clock = state.clock
-        for layer in self.layers:
-            densify_grad(layer)
+        self._prepare_grads(state, self.layers)
         # Before the exchange's first work (the hierarchical host average would spread a
         # NaN to the host's other ranks).
         state.local_bad = nonfinite_flag([l.param.grad for l in self.layers])
@@ -383,8 +394,7 @@ class StepEngine:
     def _start_bucket(self, state: _Step, b: int) -> None:
         clock, plan, memory, exchange = state.clock, state.plan, self.memory, self.exchange
         layers = state.buckets[b]
-        for layer in layers:
-            densify_grad(layer)
+        self._prepare_grads(state, layers)
         if not state.scanned:
             # On a GPU a device flag, or-ed over the buckets: no host sync in the hooks.
             bad = nonfinite_flag([l.param.grad for l in layers])
@@ -430,6 +440,36 @@ class StepEngine:
         self._start(state, sent, dense, self._tag(state, f"b{b}"),
                     flags=self.flags(state.local_bad) if last else None)
 
+    def _prepare_grads(self, state: _Step, layers: list[Layer]) -> None:
+        """Every layer's gradient dense, in the layout every rank sends: zeros where there
+        is none (another rank may have one) or where the layer is frozen here; a sparse
+        one (an embedding's) densified and compressed like any other layer."""
+        for layer in layers:
+            grad = layer.param.grad
+            if grad is not None and grad.is_sparse:
+                state.sparse[layer.name] = grad.sparse_dim()
+            densify_grad(layer)
+            if layer.name in state.frozen:
+                layer.param.grad.zero_()     # a gradient left from before the freeze
+
+    def _after_unpack(self, state: _Step) -> None:
+        """The averages as the optimizer takes them: Horovod's ``op`` and
+        ``gradient_predivide_factor``, sparse gradients sparse again, and no gradient at
+        all for a layer frozen here that no rank sent anything for (the optimizer then
+        leaves it alone, momentum and weight decay included, as without gravac)."""
+        factor = self.options.gradient_predivide_factor
+        if state.prescaled:
+            torch._foreach_mul_([l.param.grad for l in state.prescaled], factor)
+        if self.options.op == "sum":
+            torch._foreach_mul_([l.param.grad for l in self.layers], float(self.comm.size))
+        for layer in self.layers:
+            if layer.name in state.frozen and not layer.param.grad.any():
+                # Zero on every rank alike only when every rank sent zeros: a rank that
+                # did not freeze the layer keeps it trained everywhere.
+                layer.param.grad = None
+            elif layer.name in state.sparse:
+                layer.param.grad = layer.param.grad.to_sparse(state.sparse[layer.name])
+
     def _settle(self, state: _Step, selections, level: str, dense: list) -> list[SentLayer]:
         """Send ``selections`` at ``level``: what the exchange sends of each, the residual
         keeping the rest; on a dense decision g_ef goes whole (into ``dense``)."""
@@ -450,6 +490,12 @@ class StepEngine:
                flags: torch.Tensor | None = None) -> None:
         if not sent and not dense:
             return                       # the same on every rank: the plan decides it
+        factor = self.options.gradient_predivide_factor
+        if factor != 1.0 and dense:
+            # Horovod's split average: 1/f before the sum (the fp16 wire's range), f/N
+            # after. Sparse values are summed in their own dtype after the allgather.
+            torch._foreach_div_([l.param.grad for l in dense], factor)
+            state.prescaled.extend(dense)
         pending = self.exchange.start(sent, dense, tag, flags,
                                       same_size=self.exchange.compressor.exact_count)
         state.clock.lap("t_pack", sync=True)
@@ -505,8 +551,9 @@ class StepEngine:
             return self.skip(state.step, bad_ranks, clock, t_compute, state.limit_skips)
         for pending in state.pendings:
             pending.unpack()
-        clock.lap("t_unpack", sync=True)
         self.exchange.end(clock)
+        self._after_unpack(state)
+        clock.lap("t_unpack", sync=True)
         if state.staged:
             self.controller.observe_gradients(state.staged)
             clock.lap("t_control")

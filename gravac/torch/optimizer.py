@@ -11,15 +11,16 @@ from ..engine.optimizer import wrap_optimizer
 from ..engine.options import GravacOptions
 
 
-def DistributedOptimizer(optimizer, named_parameters, compressor="topk", controller=None,
+def DistributedOptimizer(optimizer, named_parameters=None, compressor="topk", controller=None,
                          compressor_options: dict | None = None, group=None, **options):
     """Wrap a torch optimizer so that ``step()`` averages gradients across the ranks of a
     torch.distributed process group with compressed communication and error feedback.
 
     Arguments as ``gravac.DistributedOptimizer`` (see its docstring), with ``group`` (a
     torch.distributed process group; default: the world) in place of Horovod's
-    ``process_set``; ``options`` are the fields of ``gravac.engine.GravacOptions``.
-    Initialise the process group first.
+    ``process_set``; ``options`` are the fields of ``gravac.engine.GravacOptions``, Horovod's
+    ``backward_passes_per_step``, ``op`` (``"average"`` or ``"sum"``) and
+    ``gradient_predivide_factor`` among them. Initialise the process group first.
 
     Example (``torchrun --nproc-per-node 2 train_me.py``)::
 

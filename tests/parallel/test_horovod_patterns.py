@@ -140,3 +140,44 @@ def test_horovod_broadcast_optimizer_state_after_rank0_alone_loaded_a_checkpoint
     assert torch.equal(both[0], both[1])
     assert _spread_is_zero(model, "bcast.params")
     barrier("bcast.done")
+
+
+@pytest.mark.skipif(BACKEND != "horovod", reason="Horovod's own optimizer is the reference")
+@pytest.mark.parametrize("wire", ["none", "fp16"])
+def test_with_nothing_to_compress_gravac_equals_horovods_optimizer(wire):
+    import horovod.torch as hvd
+
+    import gravac
+
+    compression = getattr(hvd.Compression, wire)
+    models, opts = [make_net(0), make_net(0)], []
+    for model, front in zip(models, (hvd.DistributedOptimizer, gravac.DistributedOptimizer)):
+        extra = {} if front is hvd.DistributedOptimizer else {"compressor": "none"}
+        opts.append(front(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+                          named_parameters=model.named_parameters(), compression=compression,
+                          gradient_predivide_factor=2.0, **extra))
+    for step in range(4):
+        x, y = rank_batch(step, COMM.rank)
+        for model, opt in zip(models, opts):
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+    for a, b in zip(*(m.parameters() for m in models)):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert _spread_is_zero(models[1], f"equals_horovod.{wire}")
+
+
+@pytest.mark.skipif(BACKEND != "horovod", reason="Horovod's own optimizer")
+def test_horovods_optimizer_refuses_gravacs_compression_before_any_collective():
+    import horovod.torch as hvd
+
+    from gravac.hvd import Compression
+
+    model = make_net(0)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                                   named_parameters=model.named_parameters(),
+                                   compression=Compression.topk(cf=10))
+    x, y = rank_batch(0, COMM.rank)
+    with pytest.raises(TypeError, match="use gravac.DistributedOptimizer"):
+        F.cross_entropy(model(x), y).backward()          # Horovod's hooks compress here
+    barrier("hvd_refuses_gravac_compression")

@@ -155,8 +155,9 @@ def test_errors_parameter_names():
         _opt(model, named=[("", named[0][1])] + named[1:])
     with pytest.raises(ValueError, match=r"\(name, parameter\) tuples"):
         _opt(model, named=[p for _, p in named])
-    with pytest.raises(ValueError, match="named_parameters is required"):
-        _opt(model, named=None)
+    # None names them by position, as Horovod does.
+    assert _opt(model, named=None).layer_names == [f"allreduce.noname.0.{j}"
+                                                   for j in range(len(named))]
 
 
 def test_a_subclass_of_the_wrapped_optimizer_steps_without_recursing():
