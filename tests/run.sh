@@ -29,9 +29,9 @@ if [ "$what" = all ] || [ "$what" = unit ]; then
     # half of the time each: the files below, and all the others); their output follows,
     # one process after the other. The Triton kernels' interpreted tests run in a process
     # of their own after the first.
-    split=(tests/unit/test_configs_dry_run.py tests/unit/test_sweep.py
+    split=(tests/unit/test_configs_dry_run.py
            tests/unit/test_resume_config.py tests/unit/test_train_local.py
-           tests/unit/test_framework_examples.py)
+           tests/unit/test_framework_examples.py tests/unit/test_horovod_examples.py)
     unit_a() {
         "$PY" -m pytest "${split[@]}" -q -p no:cacheprovider --junitxml="$results/unit-a.xml"
     }
