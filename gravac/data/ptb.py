@@ -55,7 +55,8 @@ class Corpus:
 def _read_words(path: str) -> list[str]:
     words: list[str] = []
     try:
-        with open(path, encoding="utf-8") as f:
+        # utf-8-sig: a byte-order mark (some editors write one) is not part of a word
+        with open(path, encoding="utf-8-sig") as f:
             for line in f:
                 # One sentence per line; <eos> marks its end, as in pytorch/examples.
                 words.extend(line.split())

@@ -9,7 +9,9 @@ Layout under ``RUN_DIR/checkpoints/``::
 
 Each file is written to a temporary name and renamed. ``latest.json`` is rewritten only
 after every rank has written its file (a small allreduce is the barrier), so it always
-names a complete checkpoint; a crash mid-save leaves the previous one in place.
+names a complete checkpoint; a crash mid-save leaves the previous one in place. A write
+that fails (a full disk) on any rank, ``latest.json`` included, fails the save on every
+rank alike: the new folder is removed and ``CheckpointError`` says which file and why.
 
 Example::
 
@@ -18,7 +20,6 @@ Example::
 """
 from __future__ import annotations
 
-import errno
 import json
 import random
 import shutil
@@ -26,10 +27,9 @@ from pathlib import Path
 
 import torch
 
-from ..util.atomic import atomic_torch_save, atomic_write_text
+from ..util.atomic import NO_SPACE, atomic_torch_save, atomic_write_text, write_problem
 
 LATEST = "latest.json"
-NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 
 
 class CheckpointError(RuntimeError):
@@ -75,31 +75,40 @@ def save_checkpoint(run_dir, step: int, common: dict, rank_state: dict, comm,
         problem = _write_problem(exc, writing, step)
     # Also the barrier: no rank names the checkpoint before every rank has written its file,
     # and a rank whose write failed tells the others instead of leaving them waiting.
-    failed = torch.zeros(world_size)
-    failed[rank] = float(problem is not None)
-    failed = comm.allreduce(failed, op="sum", name=f"gravac.checkpoint.{step}")
-    if bool(failed.any()):
-        _discard_partial(root, folder)   # every rank (shared or local disks): no leftovers
-        comm.barrier(f"gravac.checkpoint.{step}.discarded")
-        ranks = [r for r, f in enumerate(failed.tolist()) if f]
-        raise CheckpointError(problem or f"the checkpoint of step {step} failed on rank(s) "
-                                         f"{ranks}; the previous checkpoint is kept")
+    _agree_or_discard(problem, root, folder, step, comm, f"gravac.checkpoint.{step}")
     if rank == 0:
-        atomic_write_text(root / LATEST, json.dumps({"step": step, "dir": name,
-                                                     "world_size": world_size}))
-        _prune(root, keep, current=name)
-    # When save returns, the checkpoint is complete and named by latest.json on every rank.
-    comm.barrier(f"gravac.checkpoint.{step}.done")
+        try:
+            atomic_write_text(root / LATEST, json.dumps({"step": step, "dir": name,
+                                                         "world_size": world_size}))
+        except OSError as exc:
+            problem = _write_problem(exc, root / LATEST, step)
+        else:
+            _prune(root, keep, current=name)
+    # Also the barrier: when save returns, the checkpoint is complete and named by
+    # latest.json on every rank (or it failed on every rank).
+    _agree_or_discard(problem, root, folder, step, comm, f"gravac.checkpoint.{step}.done")
     return folder
 
 
+def _agree_or_discard(problem: str | None, root: Path, folder: Path, step: int, comm,
+                      name: str) -> None:
+    """Collective: every rank learns whether a rank's ``problem`` failed the save; if one
+    did, every rank removes the new folder and raises CheckpointError."""
+    failed = torch.zeros(comm.size)
+    failed[comm.rank] = float(problem is not None)
+    failed = comm.allreduce(failed, op="sum", name=name)
+    if bool(failed.any()):
+        _discard_partial(root, folder)   # every rank (shared or local disks): no leftovers
+        comm.barrier(f"{name}.discarded")
+        ranks = [r for r, f in enumerate(failed.tolist()) if f]
+        raise CheckpointError(problem or f"the checkpoint of step {step} failed on rank(s) "
+                                         f"{ranks}; the previous checkpoint is kept")
+
+
 def _write_problem(exc: OSError, path: Path, step: int) -> str:
-    if exc.errno in NO_SPACE:
-        return (f"no space left on the device while writing {path}: the checkpoint of step "
-                f"{step} was not written (the previous one is kept); free space, or lower "
-                "run.keep_checkpoints")
-    return (f"cannot write {path}: {exc.strerror or exc}; the checkpoint of step {step} was "
-            "not written (the previous one is kept)")
+    said = (f"{write_problem(exc, path)}: the checkpoint of step {step} was not written (the "
+            "previous one is kept)")
+    return said + ("; free space, or lower run.keep_checkpoints" if exc.errno in NO_SPACE else "")
 
 
 def _discard_partial(root: Path, folder: Path) -> None:

@@ -89,6 +89,7 @@ def main(argv=None) -> int:
     from .loop import train   # imports Horovod: only once the config is known to be good
 
     from .checkpoint import CheckpointError
+    from .monitor import MetricsError
     from .signals import Interrupted
 
     _print_stacks_on_crash()
@@ -101,5 +102,8 @@ def main(argv=None) -> int:
         return stop.exit_code
     except CheckpointError as exc:       # e.g. a full disk: one line, the previous is kept
         print(f"checkpoint error: {exc}", file=sys.stderr)
+        return 1
+    except MetricsError as exc:          # e.g. a full disk: one line, the checkpoints stay
+        print(f"metrics error: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -410,8 +410,11 @@ def _require(ok: bool, key: str, value, allowed: str):
 def validate(cfg: Config) -> None:
     """Range and consistency checks that types alone cannot express."""
     r, d, o, c = cfg.run, cfg.data, cfg.optimizer, cfg.compression
-    _require(bool(r.name) and "/" not in r.name, "run.name", r.name,
-             "must be a non-empty name without '/'")
+    # The run folder is output_dir/name, which run.overwrite clears: a name that leaves
+    # output_dir ("..", or "." for output_dir itself) would clear another folder.
+    _require(bool(r.name) and "/" not in r.name and r.name not in (".", ".."), "run.name",
+             r.name, "must be a folder name inside run.output_dir: non-empty, without '/', "
+             "not '.' or '..'")
     _require((r.steps is None) != (r.epochs is None), "run.steps", r.steps,
              f"set exactly one of run.steps and run.epochs (run.epochs={r.epochs!r})")
     for key, value in (("run.steps", r.steps), ("run.epochs", r.epochs)):

@@ -18,7 +18,6 @@ from __future__ import annotations
 import copy
 import os
 import random
-import shutil
 import time
 from pathlib import Path
 
@@ -26,6 +25,7 @@ import torch
 
 from ..comm import Comm
 from ..comm import init as init_comm
+from ..controllers import GraVAC
 from ..engine import STATE_KEY, broadcast_optimizer_state
 from ..engine.record import step_record
 from ..engine.run_record import (EVAL, METHOD, METRICS_FILE, NONFINITE, RANK_STEP_FIELDS,
@@ -38,6 +38,7 @@ from .device import describe_device, rank_device, wants_gpu
 from .method import build_method, prepare_environment
 from .monitor import RankPhaseLog, RunLogger, truncate_metrics
 from .resume import check_resume_config
+from .run_lock import RunDirLock, clear_run_dir
 from .signals import Interrupted, StopSignal
 from .tasks import build_task
 from .watchdog import StallWatchdog
@@ -57,27 +58,35 @@ def _keep_implementation(opt, flags: dict) -> None:
         group.update(flags)
 
 
-def _prepare_run_dir(cfg: Config, run_dir: Path, resume: bool, comm: Comm) -> None:
-    """Rank 0 checks the output directory; every rank gets its verdict."""
+def _prepare_run_dir(cfg: Config, run_dir: Path, resume: bool, comm: Comm,
+                     lock: RunDirLock) -> None:
+    """Rank 0 locks and checks the output directory; every rank gets its verdict."""
     problem = None
     if comm.rank == 0:
-        occupied = (run_dir / METRICS_FILE).exists() or (run_dir / "checkpoints").exists()
-        if resume:
-            if not has_checkpoint(run_dir):
-                problem = (f"--resume: no checkpoint in {run_dir / 'checkpoints'}; start without "
-                           "--resume, or set run.output_dir/run.name to the run to continue")
-            else:
-                problem = _resume_config_problem(cfg, run_dir)
-        elif occupied and not cfg.run.overwrite:
-            problem = (f"{run_dir} already holds a run; continue it with --resume, replace it "
-                       "with --set run.overwrite=true, or choose another run.name")
-        elif occupied:
-            shutil.rmtree(run_dir)
+        # The lock first: nothing is read or deleted while another run uses the folder.
+        problem = _run_dir_problem(cfg, run_dir, resume) if lock.acquire() else lock.refusal()
     problem = comm.broadcast_object(problem, name="gravac.run_dir")
     if problem:
         raise ConfigError(problem)
     if comm.rank == 0 and not resume:    # a resume writes it once the checkpoint has loaded
         atomic_write_text(run_dir / "config.yaml", dump_yaml(cfg))
+
+
+def _run_dir_problem(cfg: Config, run_dir: Path, resume: bool) -> str | None:
+    """Rank 0, holding the folder's lock: why the run cannot use ``run_dir``, or None
+    (``run.overwrite`` clears it here)."""
+    occupied = (run_dir / METRICS_FILE).exists() or (run_dir / "checkpoints").exists()
+    if resume:
+        if not has_checkpoint(run_dir):
+            return (f"--resume: no checkpoint in {run_dir / 'checkpoints'}; start without "
+                    "--resume, or set run.output_dir/run.name to the run to continue")
+        return _resume_config_problem(cfg, run_dir)
+    if occupied and not cfg.run.overwrite:
+        return (f"{run_dir} already holds a run; continue it with --resume, replace it "
+                "with --set run.overwrite=true, or choose another run.name")
+    if occupied:
+        clear_run_dir(run_dir)
+    return None
 
 
 def _resume_config_problem(cfg: Config, run_dir: Path) -> str | None:
@@ -136,6 +145,7 @@ class Trainer:
                                                               gamma=o.lr_gamma)
         self.total_steps = cfg.run.steps or cfg.run.epochs * self.task.steps_per_epoch
         self.run_dir = Path(cfg.run.output_dir) / cfg.run.name
+        self._run_lock = RunDirLock(self.run_dir)    # rank 0 takes it in start()
         # None for the plain dense baselines (Horovod's optimizer, DDP); gravac's has one.
         self.controller = self.method.controller(self.opt)
         self.dense_numel = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
@@ -152,6 +162,11 @@ class Trainer:
         self._decisions_logged = 0
 
     # -- set-up ---------------------------------------------------------------------------
+    def release_run_dir(self) -> None:
+        """Let another run use the run folder (rank 0 held it since ``start``; ``finish``
+        and ``train`` let it go)."""
+        self._run_lock.release()
+
     def describe(self) -> str:
         cfg, opt = self.cfg, self.opt
         params = sum(p.numel() for p in self.model.parameters())
@@ -167,6 +182,14 @@ class Trainer:
             line += (f"; Horovod cycle {os.environ.get('HOROVOD_CYCLE_TIME', '1')} ms; waits "
                      f"{mode} ({why})")
         lines.append(line)
+        ctrl = self.controller
+        if isinstance(ctrl, GraVAC) and ctrl.window >= self.total_steps:
+            # GraVAC moves its CFs only when a window ends: a short run whose window was left
+            # at its default (500) would train as a static one and say nothing.
+            lines.append(f"warning: compression.gravac.window={ctrl.window} is not shorter than "
+                         f"the run's {self.total_steps} steps: no window ends before the run "
+                         "does, so GraVAC never changes its CFs; lower the window or raise "
+                         "run.steps")
         return "\n".join(lines)
 
     def elapsed(self) -> float:
@@ -176,7 +199,7 @@ class Trainer:
     def start(self, resume: bool) -> None:
         """Collective: claim the run directory, then resume or broadcast rank 0's model."""
         rank, comm = self.rank, self.comm
-        _prepare_run_dir(self.cfg, self.run_dir, resume, comm)
+        _prepare_run_dir(self.cfg, self.run_dir, resume, comm, self._run_lock)
         self.resumed = resume
         if not resume:
             comm.broadcast_parameters(self.model.state_dict())
@@ -432,6 +455,7 @@ class Trainer:
         self.close_log()
         if self.rank == 0:
             _finish(self.cfg, self.run_dir, self.step, elapsed, final)
+        self.release_run_dir()
         return {"run_dir": str(self.run_dir), "steps": self.step, "final": final,
                 "time": elapsed}
 
@@ -471,6 +495,7 @@ def train(cfg: Config, resume: bool = False, dry_run: bool = False) -> dict:
         raise
     finally:
         trainer.stop.uninstall()
+        trainer.release_run_dir()
 
 
 def _finish(cfg: Config, run_dir: Path, step: int, elapsed: float, final: dict) -> None:

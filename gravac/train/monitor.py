@@ -1,6 +1,8 @@
 """Run monitoring on rank 0: a JSON-lines metrics file, TensorBoard events and a tqdm bar.
 
 Other ranks get a logger whose methods do nothing, so the loop calls it unconditionally.
+A metrics file that cannot be written (a full disk) raises ``MetricsError``: one line naming
+the file and the checkpoint that ``--resume`` continues from.
 
 Example::
 
@@ -20,6 +22,8 @@ from pathlib import Path
 
 from ..engine.run_record import (EVAL, KINDS, METRICS_FILE, NUMBER, RANKS_DIR, RUN_END, STEP,
                                  TENSORBOARD_TAGS, WINDOW)
+from ..util.atomic import write_problem
+from .checkpoint import latest_info
 
 #: The numbers of a window record that TensorBoard shows as ``gravac/<field>``.
 _WINDOW_SCALARS = tuple(name for name, type_ in KINDS[WINDOW].fields.items()
@@ -31,6 +35,56 @@ def _finite(value) -> bool:
 
 
 PLAIN_EVERY_S = 60.0       # at most this long between two plain progress lines
+
+
+class MetricsError(RuntimeError):
+    """A metrics file could not be written: the run stops; its checkpoints stay."""
+
+
+def _metrics_error(exc: OSError, path: Path, run_dir: Path, step) -> MetricsError:
+    """The run cannot go on without its record; what it has saved so far is kept."""
+    latest = latest_info(run_dir)
+    kept = (f"its checkpoint of step {latest['step']} is kept: free space, then continue "
+            "with --resume" if latest else "no checkpoint was written yet: free space and "
+            "start it again")
+    return MetricsError(f"{write_problem(exc, path)}: the run stops at step {step} ({kept})")
+
+
+class _Discard:
+    """A file that drops what is written to it (no fileno: nothing to fsync)."""
+
+    def write(self, data) -> int:
+        return len(data)
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _close_tensorboard(writer, logdir: Path) -> None:
+    """Close TensorBoard's writer; events it cannot write (a full disk) are given up with
+    one line. Its events mirror metrics.jsonl, so the run does not fail for them."""
+    try:
+        writer.close()
+        return
+    except (OSError, ValueError) as exc:
+        print(f"TensorBoard events in {logdir} may lack their last steps ({exc})", flush=True)
+    # tensorboardX left its file, its writer thread and its exit hook to retry the write,
+    # each of which would print a traceback after gravac's line: its event files (an
+    # internal of tensorboardX 2.x) are closed and replaced by a sink, then it closes.
+    try:
+        for file_writer in writer.all_writers.values():
+            records = file_writer.event_writer._ev_writer._py_recordio_writer
+            try:
+                records._writer.close()
+            except (OSError, ValueError):
+                pass                       # the same failure: the file is closed anyway
+            records._writer = _Discard()
+        writer.close()
+    except (AttributeError, OSError, ValueError):
+        pass                               # another tensorboardX: its own messages remain
 
 
 def plain_progress(step: int, total: int, elapsed: float, steps_done: int, loss=None, cf=None,
@@ -97,11 +151,15 @@ class RunLogger:
 
     def record(self, entry: dict) -> None:
         """Append one record to the metrics file and mirror its numbers to TensorBoard."""
-        if not self.enabled:
+        if not self.enabled or self._file is None:
             return
-        self._file.write(json.dumps(entry, default=float) + "\n")
-        self._file.flush()
         step = entry.get("step", 0)
+        try:
+            self._file.write(json.dumps(entry, default=float) + "\n")
+            self._file.flush()
+        except OSError as exc:
+            self.close()
+            raise _metrics_error(exc, self.run_dir / METRICS_FILE, self.run_dir, step) from exc
         kind = entry.get("kind")
         if kind == STEP:
             for tag, key in TENSORBOARD_TAGS.items():
@@ -153,13 +211,17 @@ class RunLogger:
             print(text, flush=True)
 
     def close(self) -> None:
-        if self._bar is not None:
-            self._bar.close()
-        if self._writer is not None:
-            self._writer.close()
-        if self._file is not None:
-            self._file.close()
+        bar, writer, file = self._bar, self._writer, self._file
         self._bar = self._writer = self._file = None
+        if bar is not None:
+            bar.close()
+        if writer is not None:
+            _close_tensorboard(writer, self.run_dir / "tensorboard")
+        if file is not None:
+            try:
+                file.close()
+            except OSError:
+                pass   # only after a failed write (each record is flushed): said already
 
 
 class RankPhaseLog:
@@ -182,25 +244,42 @@ class RankPhaseLog:
     def __init__(self, run_dir, rank: int, enabled: bool, flush_every: int = 50):
         self._file = None
         self._rank, self._flush_every, self._pending = rank, flush_every, 0
+        self._step = None
         if not enabled:
             return
-        folder = Path(run_dir) / RANKS_DIR
-        folder.mkdir(parents=True, exist_ok=True)
-        self._file = open(folder / f"rank{rank}.jsonl", "a", encoding="utf-8")
+        self._run_dir = Path(run_dir)
+        self._path = self._run_dir / RANKS_DIR / f"rank{rank}.jsonl"
+        self._path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = open(self._path, "a", encoding="utf-8")
 
     def record(self, entry: dict) -> None:
         if self._file is None:
             return
-        self._file.write(json.dumps({"rank": self._rank, **entry}, default=float) + "\n")
-        self._pending += 1
-        if self._pending >= self._flush_every:
-            self._file.flush()
-            self._pending = 0
+        self._step = entry.get("step")
+        try:
+            self._file.write(json.dumps({"rank": self._rank, **entry}, default=float) + "\n")
+            self._pending += 1
+            if self._pending >= self._flush_every:
+                self._file.flush()
+                self._pending = 0
+        except OSError as exc:
+            self._fail(exc)
 
     def close(self) -> None:
         if self._file is not None:
-            self._file.close()
+            try:
+                self._file.close()
+            except OSError as exc:
+                self._fail(exc)
         self._file = None
+
+    def _fail(self, exc: OSError) -> None:
+        file, self._file = self._file, None
+        try:
+            file.close()
+        except OSError:
+            pass                 # the same failure again, on the lines still buffered
+        raise _metrics_error(exc, self._path, self._run_dir, self._step) from exc
 
 
 def truncate_metrics(run_dir, step: int) -> None:

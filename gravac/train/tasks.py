@@ -110,6 +110,8 @@ class ImageTask:
             augment = D.CifarAugment(seed=seed * 1009 + rank)
             self.eval_transform = D.Normalize()
             self.train_transform = augment if cfg.data.augment else self.eval_transform
+        if len(self.test_y) == 0:     # every evaluation would report 0 accuracy
+            raise ConfigError(_empty_test_set(cfg))
         self.num_classes = num_classes
         defaults = {"num_classes": num_classes}
         if cfg.model.name in ("small_cnn", "wide_head_cnn"):
@@ -169,7 +171,9 @@ class ImageTask:
         travel over ``comm`` (a ``gravac.comm.Comm``)."""
         was_training = self.model.training
         self.model.eval()
-        idx = torch.arange(self.rank, len(self.test_y), self.world_size)
+        # A test set smaller than the number of ranks leaves some ranks none: they add
+        # zeros to the sums, and the metric is over the samples that exist.
+        idx = torch.arange(len(self.test_y))[self.rank::self.world_size]
         bs = self.cfg.data.eval_batch_size
         correct1 = correct5 = loss_sum = count = 0.0
         for b, start in enumerate(range(0, len(idx), bs)):
@@ -202,6 +206,15 @@ class ImageTask:
             tf.load_state_dict(state["augment"])
 
 
+def _empty_test_set(cfg: Config) -> str:
+    """The one line refusing an image data set without test samples."""
+    if cfg.data.name == "synthetic_images":
+        return (f"data.options.num_test={data_options(cfg)['num_test']!r}: the evaluation set "
+                "is empty, so there is nothing to measure the model on; set it >= 1")
+    return (f"data.root={cfg.data.root!r}: the {cfg.data.name} test set holds no images; "
+            "use the full test file")
+
+
 def _check_ptb_sizes(cfg: Config, train, valid, world_size: int) -> None:
     """PTB files too short for one batch per rank: say which file and how much it needs
     (batchify would fail with a traceback, or the run would have no step)."""
@@ -209,9 +222,10 @@ def _check_ptb_sizes(cfg: Config, train, valid, world_size: int) -> None:
     checks = ((D.PTB_FILES[0], len(train), world_size * d.batch_size * 2,
                f"one training batch (data.batch_size={d.batch_size} per rank x {world_size} "
                "ranks x 2 rows)", "data.batch_size"),
-              (D.PTB_FILES[1], len(valid), world_size * d.eval_batch_size,
+              # 2 rows: inputs and their next words (1 row evaluates nothing: perplexity 1)
+              (D.PTB_FILES[1], len(valid), world_size * d.eval_batch_size * 2,
                f"one evaluation batch (data.eval_batch_size={d.eval_batch_size} per rank x "
-               f"{world_size} ranks)", "data.eval_batch_size"))
+               f"{world_size} ranks x 2 rows)", "data.eval_batch_size"))
     for name, have, need, what, knob in checks:
         if have < need:
             path = os.path.join(os.fspath(d.root), name)

@@ -1,7 +1,8 @@
 """Atomic file writes: a reader sees the old file or the new one, never half of one.
 
 Write to a temporary file in the same directory, flush and fsync it, then ``os.replace``
-it over the target (atomic on POSIX within one file system).
+it over the target (atomic on POSIX within one file system). A write the file system
+refuses (a full disk) raises ``OSError``, whoever wrote: ``write_problem`` says it in words.
 
 Example::
 
@@ -10,10 +11,33 @@ Example::
 """
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 from pathlib import Path
 from typing import Callable, IO
+
+#: The errnos of a full disk (or a full quota).
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+
+
+def write_problem(exc: OSError, path) -> str:
+    """What a failed write of ``path`` means, in words: "no space left on the device while
+    writing PATH" or "cannot write PATH: REASON"."""
+    if exc.errno in NO_SPACE:
+        return f"no space left on the device while writing {path}"
+    return f"cannot write {path}: {exc.strerror or exc}"
+
+
+def _os_error_in(exc: BaseException) -> OSError | None:
+    """The OSError that ``exc`` was raised in the handling of, if any."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, OSError):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 def _umask() -> int:
@@ -28,7 +52,15 @@ def _atomic(path: str | os.PathLike, write: Callable[[IO[bytes]], None]) -> Path
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
-            write(f)
+            try:
+                write(f)
+            except RuntimeError as exc:
+                # torch.save reports a write that failed (ENOSPC) as "[enforce fail at
+                # inline_container.cc:...] unexpected pos": the OSError is its context.
+                cause = _os_error_in(exc)
+                if cause is None:
+                    raise
+                raise OSError(cause.errno, cause.strerror, str(path)) from exc
             f.flush()
             os.fsync(f.fileno())
         # mkstemp creates 0600 files; give the result the mode a plain open() would.

@@ -55,6 +55,19 @@ def test_bad_ptb_files_name_the_file(tmp_path):
         load_ptb(tmp_path)
 
 
+def test_a_utf8_byte_order_mark_in_ptb_is_not_a_word(tmp_path):
+    """Issue 37: a file saved with a BOM (some editors do) gained a word "\\ufeff"."""
+    write_ptb(tmp_path)
+    plain = load_ptb(tmp_path)
+    for name in ("ptb.train.txt", "ptb.valid.txt"):
+        path = tmp_path / name
+        path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())
+    marked = load_ptb(tmp_path)
+    assert marked.dictionary.idx2word == plain.dictionary.idx2word
+    assert marked.train.tolist() == plain.train.tolist()
+    assert marked.valid.tolist() == plain.valid.tolist()
+
+
 def test_a_ptb_train_file_shorter_than_one_batch_says_how_many_tokens_it_needs(tmp_path):
     write_ptb(tmp_path, words=60)           # 60 words + <eos> per 12: 65 tokens
     cfg = load_config([str(REPO / "configs/models/lstm_ptb.yaml")],

@@ -1,0 +1,77 @@
+"""One run at a time per run folder (issue 37): a second run, with run.overwrite=true or
+not, is refused in one line before it deletes anything; a killed run leaves no stale lock;
+run.name may not leave run.output_dir."""
+import json
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gravac.train.config import ConfigError, load_config
+from gravac.train.loop import train
+
+REPO = Path(__file__).resolve().parents[2]
+LOCAL = ["run.backend=local", "run.progress=never", "run.report=false", "run.threads=1"]
+
+
+def _steps_logged(run_dir: Path) -> int:
+    """Step records in the run's metrics.jsonl so far (a line being written is skipped)."""
+    try:
+        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    except FileNotFoundError:
+        return 0
+    count = 0
+    for line in lines:
+        try:
+            count += json.loads(line)["kind"] == "step"
+        except ValueError:
+            pass
+    return count
+
+
+def test_a_second_run_on_a_folder_in_use_is_refused_before_it_deletes_anything(tmp_path):
+    run_dir = tmp_path / "shared"
+    sets = [f"run.output_dir={tmp_path}", "run.name=shared", *LOCAL]
+    first = subprocess.Popen(
+        [sys.executable, "train.py", "--config", "configs/demo.yaml", "--set",
+         "run.steps=1000000", "--set", "run.log_interval=1", "--set",
+         "run.checkpoint_interval=0", *[a for s in sets for a in ("--set", s)]],
+        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        while first.poll() is None and _steps_logged(run_dir) < 2:   # it trains
+            time.sleep(0.2)
+        assert first.poll() is None, first.stderr.read()
+        second = load_config([str(REPO / "configs/demo.yaml")],
+                             [*sets, "run.steps=5", "run.overwrite=true"])
+        with pytest.raises(ConfigError) as err:
+            train(second)
+        assert str(err.value) == (
+            f"{run_dir} is in use by another run (pid {first.pid} on {socket.gethostname()}); "
+            "wait until it ends, or choose another run.name or run.output_dir")
+        logged = _steps_logged(run_dir)
+        while first.poll() is None and _steps_logged(run_dir) == logged:
+            time.sleep(0.2)
+        assert first.poll() is None and _steps_logged(run_dir) > logged   # untouched, going on
+    finally:
+        first.kill()                  # dies holding the lock: the kernel drops it
+        first.wait()
+    summary = train(second)           # so the next run may take the folder over
+    assert summary["steps"] == 5
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if r["kind"] == "step"] == [1, 5]   # only its own
+
+
+@pytest.mark.parametrize("name", ["..", "."])
+def test_a_run_name_that_leaves_the_output_folder_is_refused(tmp_path, name):
+    (tmp_path / "keep.txt").write_text("another project's file")
+    with pytest.raises(ConfigError) as err:
+        load_config([str(REPO / "configs/demo.yaml")],
+                    [f"run.output_dir={tmp_path / 'runs'}", f"run.name={name}",
+                     "run.overwrite=true", *LOCAL])
+    assert str(err.value) == (
+        f"run.name={name!r}: must be a folder name inside run.output_dir: non-empty, without "
+        "'/', not '.' or '..'")
+    assert (tmp_path / "keep.txt").exists()
