@@ -220,3 +220,20 @@ def test_backward_passes_per_step_accumulates_as_horovod(overlap):
     _step(model, opt, 5)
     assert opt.backward_passes_per_step == 1
     assert _same_on_every_rank(model, f"bpps.{overlap}")
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["plain", "overlap"])
+def test_a_compiled_model_trains_as_its_eager_twin(overlap):
+    # aot_eager: torch.compile's autograd path (AOTAutograd) without a C++ compiler's time.
+    eager, compiled = make_net(0), torch.compile(make_net(0), backend="aot_eager")
+    opts = [distributed_optimizer(torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9),
+                                  m.named_parameters(), controller=Static(cf=10),
+                                  overlap=overlap, name_prefix=f"twin{i}")
+            for i, m in enumerate((eager, compiled))]
+    assert opts[0].layer_names == opts[1].layer_names
+    for step in range(3):
+        for model, opt in zip((eager, compiled), opts):
+            _step(model, opt, step)
+    for a, b in zip(eager.parameters(), compiled.parameters()):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert _same_on_every_rank(compiled, f"compiled.{overlap}")
