@@ -21,7 +21,7 @@ import torch.utils.data.distributed
 
 import gravac
 from gravac.models import build_model
-from report import print_result
+from common import print_result, synthetic_classes
 
 parser = argparse.ArgumentParser(description="Horovod's ImageNet example with gravac",
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -43,15 +43,6 @@ parser.add_argument("--train-samples", type=int, default=1024)
 parser.add_argument("--image-size", type=int, default=32)
 parser.add_argument("--no-cuda", action="store_true", help="train on the CPU")
 parser.add_argument("--horovod", action="store_true", help="hvd.DistributedOptimizer instead")
-
-
-def synthetic_images(samples: int, size: int, seed: int) -> torch.utils.data.TensorDataset:
-    """10 classes, one fixed pattern each (the same in every split), plus noise."""
-    patterns = torch.randn(10, 3, size, size, generator=torch.Generator().manual_seed(1234))
-    g = torch.Generator().manual_seed(seed)
-    labels = torch.randint(0, 10, (samples,), generator=g)
-    return torch.utils.data.TensorDataset(
-        patterns[labels] + torch.randn(samples, 3, size, size, generator=g), labels)
 
 
 class Metric:
@@ -92,12 +83,14 @@ def main(args):
                                       name="resume_from_epoch").item()
     verbose = hvd.rank() == 0
 
-    train_dataset = synthetic_images(args.train_samples, args.image_size, seed=0)
+    train_dataset = synthetic_classes(args.train_samples, (3, args.image_size, args.image_size),
+                                      seed=0)
     train_sampler = torch.utils.data.distributed.DistributedSampler(
         train_dataset, num_replicas=hvd.size(), rank=hvd.rank())
     train_loader = torch.utils.data.DataLoader(train_dataset, batch_size=allreduce_batch_size,
                                                sampler=train_sampler)
-    val_dataset = synthetic_images(args.train_samples // 4, args.image_size, seed=1)
+    val_dataset = synthetic_classes(args.train_samples // 4, (3, args.image_size, args.image_size),
+                                    seed=1)
     val_sampler = torch.utils.data.distributed.DistributedSampler(
         val_dataset, num_replicas=hvd.size(), rank=hvd.rank())
     val_loader = torch.utils.data.DataLoader(val_dataset, batch_size=args.val_batch_size,

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 import torch.utils.data.distributed
 
 import gravac
-from report import print_result
+from common import print_result, synthetic_classes
 
 parser = argparse.ArgumentParser(description="Horovod's MNIST example with gravac")
 parser.add_argument("--batch-size", type=int, default=64)
@@ -53,16 +53,6 @@ class Net(nn.Module):
         return F.log_softmax(self.fc2(x), dim=1)
 
 
-def synthetic_digits(samples: int, seed: int) -> torch.utils.data.TensorDataset:
-    """28x28 images: one fixed random pattern per class (the same in every split), plus
-    noise drawn from ``seed`` (learnable, no files)."""
-    patterns = torch.randn(10, 1, 28, 28, generator=torch.Generator().manual_seed(1234))
-    g = torch.Generator().manual_seed(seed)
-    labels = torch.randint(0, 10, (samples,), generator=g)
-    images = patterns[labels] + torch.randn(samples, 1, 28, 28, generator=g)
-    return torch.utils.data.TensorDataset(images, labels)
-
-
 def main(args):
     hvd.init()
     torch.manual_seed(args.seed)
@@ -72,12 +62,12 @@ def main(args):
     if cuda:
         torch.cuda.set_device(hvd.local_rank())
 
-    train_dataset = synthetic_digits(args.train_samples, seed=0)
+    train_dataset = synthetic_classes(args.train_samples, (1, 28, 28), seed=0)
     train_sampler = torch.utils.data.distributed.DistributedSampler(
         train_dataset, num_replicas=hvd.size(), rank=hvd.rank())
     train_loader = torch.utils.data.DataLoader(train_dataset, batch_size=args.batch_size,
                                                sampler=train_sampler)
-    test_dataset = synthetic_digits(args.train_samples // 4, seed=1)
+    test_dataset = synthetic_classes(args.train_samples // 4, (1, 28, 28), seed=1)
     test_sampler = torch.utils.data.distributed.DistributedSampler(
         test_dataset, num_replicas=hvd.size(), rank=hvd.rank())
     test_loader = torch.utils.data.DataLoader(test_dataset, batch_size=args.test_batch_size,

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 import gravac
 from gravac.models import build_model
-from report import print_result
+from common import print_result
 
 parser = argparse.ArgumentParser(description="Horovod's synthetic benchmark with gravac",
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
