@@ -8,6 +8,9 @@
 * ``"local"``: one process, no launcher;
 * ``"auto"``: what launched this process (``detect_backend``).
 
+Its first collective is the version handshake (``handshake.py``): a job whose hosts run
+different gravacs stops there, in one line, instead of hanging later.
+
 Example::
 
     comm = gravac.comm.init("auto")
@@ -19,10 +22,10 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import socket
 from typing import Mapping
 
 from .base import OPS, Comm, Done, Handle
+from .handshake import DEFAULT_TIMEOUT_S, VersionMismatch, agree_versions
 from .local import LocalComm
 
 BACKENDS = ("auto", "horovod", "torch", "local")
@@ -51,7 +54,8 @@ def detect_backend(environ: Mapping[str, str] | None = None) -> str:
 
 
 def init(backend: str = "auto", horovod_cycle_time_ms="auto",
-         horovod_wait: str = "auto", elastic: bool = False, gpu: bool | None = None) -> Comm:
+         horovod_wait: str = "auto", elastic: bool = False, gpu: bool | None = None,
+         handshake_timeout_s: float = DEFAULT_TIMEOUT_S) -> Comm:
     """Start ``backend`` (see the module docstring) and return the world's ``Comm``.
 
     ``horovod_cycle_time_ms``: Horovod's background cycle (``horovod_cycle.py``): "auto"
@@ -63,7 +67,8 @@ def init(backend: str = "auto", horovod_cycle_time_ms="auto",
     join a Horovod Elastic job at any time, so no collective may run here: "auto" counts
     the ranks Horovod places on this host instead. ``gpu``: whether this process trains on
     a GPU (torch.distributed then runs nccl on the local rank's GPU, else gloo); None:
-    whenever one is visible."""
+    whenever one is visible. ``handshake_timeout_s``: how long the version handshake waits
+    for every rank to join (not run under ``elastic``, whose workers join at any time)."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     if backend == "auto":
@@ -81,13 +86,10 @@ def init(backend: str = "auto", horovod_cycle_time_ms="auto",
         apply_cycle_time(horovod_cycle_time_ms)   # read by hvd.init()
         hvd.init()
         comm = HorovodComm()
-        if horovod_wait != "auto":
-            hosts, rank = [""], 0
-        elif elastic:
+        if elastic:
             hosts, rank = [""] * hvd.local_size(), 0
         else:
-            hosts = comm.allgather_object(socket.gethostname(), name="gravac.wait.hosts")
-            rank = comm.rank
+            hosts, rank = agree_versions(comm, handshake_timeout_s), comm.rank
         set_wait_mode(*resolve_wait_mode(horovod_wait, hosts, rank, os.cpu_count() or 1))
         return comm
     import torch
@@ -104,7 +106,10 @@ def init(backend: str = "auto", horovod_cycle_time_ms="auto",
         if gpu:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
         dist.init_process_group("nccl" if gpu else "gloo")
-    return TorchDistComm(owns_process_group=started)
+    comm = TorchDistComm(owns_process_group=started)
+    agree_versions(comm, handshake_timeout_s)
+    return comm
 
 
-__all__ = ["BACKENDS", "OPS", "Comm", "Done", "Handle", "LocalComm", "detect_backend", "init"]
+__all__ = ["BACKENDS", "OPS", "Comm", "Done", "Handle", "LocalComm", "VersionMismatch",
+           "detect_backend", "init"]

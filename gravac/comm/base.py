@@ -37,6 +37,10 @@ class Handle(ABC):
     def wait(self) -> Any:
         """Block until the collective finished on this rank; return its result."""
 
+    def ready(self) -> bool:
+        """Whether ``wait()`` would return at once (a transport that cannot tell: True)."""
+        return True
+
 
 class Done(Handle):
     """A collective that already finished (single process, or a backend without async)."""

@@ -102,6 +102,9 @@ class _HorovodHandle(Handle):
     def __init__(self, handle, finish=None):
         self._handle, self._finish = handle, finish
 
+    def ready(self) -> bool:
+        return bool(hvd.poll(self._handle))
+
     def wait(self):
         if _wait["mode"] == "sleep":
             wait_sleeping(self._handle)

@@ -27,6 +27,9 @@ class _Work(Handle):
     def __init__(self, work, finish):
         self._work, self._finish = work, finish
 
+    def ready(self) -> bool:
+        return self._work is None or self._work.is_completed()
+
     def wait(self):
         if self._work is not None:
             self._work.wait()

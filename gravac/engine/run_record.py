@@ -111,7 +111,7 @@ KINDS: Mapping[str, RecordKind] = MappingProxyType({k.name: k for k in (
     _kind(RUN_START, dict(name=TEXT, time=NUMBER, step=INT, world_size=INT, controller=TEXT,
                           compressor=TEXT, model=TEXT, dataset=TEXT, batch_size=INT,
                           metric=TEXT, total_steps=INT, resumed=FLAG, elastic=FLAG,
-                          backend=TEXT, device=TEXT)),
+                          backend=TEXT, device=TEXT, gravac=TEXT)),
     _kind(STEP, {name: _STEP_TYPES.get(name, NUMBER) for name in STEP_FIELDS}),
     # loss and top1/top5 (image tasks) or perplexity (language); a task may add numbers.
     _kind(EVAL, dict(step=STEP_INDEX, time=NUMBER, loss=NUMBER, top1=NUMBER, top5=NUMBER,

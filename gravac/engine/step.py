@@ -42,6 +42,7 @@ import torch
 
 from .. import compressors as _compressors
 from ..comm import Comm
+from ..comm.handshake import describe as describe_gravac
 from ..controllers import SENT_CANDIDATE, SENT_DENSE, SENT_MIN, Controller, StepPlan, StepRecord
 from ..memory import ResidualMemory, follow_devices
 from .agreement import check_agreement
@@ -168,6 +169,8 @@ class StepEngine:
     def describe_setup(self) -> dict:
         """What every rank must agree on: compressor, controller, parameters, options."""
         return {
+            # Another gravac on some rank would issue other collectives.
+            "gravac": describe_gravac(),
             "compressor": self.compressor.describe(),
             "controller": self.controller.describe(),
             # Buckets decide the collectives: every rank must cut them alike.

@@ -81,6 +81,11 @@ class Run:
         return self.start.get("model")
 
     @property
+    def gravac(self) -> str | None:
+        """The gravac that ran it (version and source hash), when the run recorded it."""
+        return self.start.get("gravac")
+
+    @property
     def dataset(self) -> str | None:
         return self.start.get("dataset")
 

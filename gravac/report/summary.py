@@ -131,7 +131,8 @@ def render_markdown(runs: Sequence[Run], rows: Sequence[RunSummary], baseline: R
     for run in runs:
         what = ", ".join(str(v) for v in (run.controller, run.compressor, run.model,
                                           run.dataset) if v)
-        lines.append(f"- **{run.label}** ({what}, metric: {metric_title(run.metric)}): "
+        by = f", {run.gravac}" if run.gravac else ""
+        lines.append(f"- **{run.label}** ({what}, metric: {metric_title(run.metric)}{by}): "
                      f"`{run.directory}`")
     lines.append("")
     if baseline is not None:

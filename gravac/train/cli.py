@@ -88,6 +88,7 @@ def main(argv=None) -> int:
         return 0
     from .loop import train   # imports Horovod: only once the config is known to be good
 
+    from ..comm import VersionMismatch
     from .checkpoint import CheckpointError
     from .monitor import MetricsError
     from .signals import Interrupted
@@ -105,5 +106,8 @@ def main(argv=None) -> int:
         return 1
     except MetricsError as exc:          # e.g. a full disk: one line, the checkpoints stay
         print(f"metrics error: {exc}", file=sys.stderr)
+        return 1
+    except VersionMismatch as exc:       # hosts with different gravacs: before any training
+        print(f"error: {exc}", file=sys.stderr)
         return 1
     return 0

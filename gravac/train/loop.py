@@ -25,6 +25,7 @@ import torch
 
 from ..comm import Comm
 from ..comm import init as init_comm
+from ..comm.handshake import describe as describe_gravac
 from ..controllers import GraVAC
 from ..engine import STATE_KEY, broadcast_optimizer_state
 from ..engine.record import step_record
@@ -254,7 +255,7 @@ class Trainer:
             batch_size=self.cfg.data.batch_size, metric=self.task.metric,
             total_steps=self.total_steps, resumed=self.resumed,
             elastic=bool(self.cfg.run.elastic), backend=self.comm.backend,
-            device=describe_device(self.device)))
+            device=describe_device(self.device), gravac=describe_gravac()))
         self.log.message(self.describe())
 
     def close_log(self) -> None:

@@ -1,6 +1,7 @@
 """train.py's loop on the single-process transport (run.backend=local): no launcher, the
 same engine, and metrics lines that carry exactly the step record's fields."""
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -29,6 +30,8 @@ def test_local_backend_trains_and_logs_the_step_record(tmp_path, compression):
         assert set(r) == {"kind", *STEP_FIELDS}
     start = next(r for r in records if r["kind"] == "run_start")
     assert start["backend"] == "local" and start["world_size"] == 1
+    # which gravac ran it: version and source hash (reports show it beside the run)
+    assert re.fullmatch(r"gravac \S+ \(source [0-9a-f]{12}\)", start["gravac"])
     if compression == "dense.yaml":
         assert all(r["cf"] == 1.0 and r["sent"] == "dense" for r in steps)
     else:
