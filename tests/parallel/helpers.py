@@ -3,6 +3,7 @@ shared by parallel tests."""
 import copy
 from pathlib import Path
 
+import pytest
 import torch
 
 import gravac.comm
@@ -10,6 +11,11 @@ import gravac.comm
 #: "horovod" under horovodrun, "torch" under torchrun: every test runs on both.
 BACKEND = gravac.comm.detect_backend()
 COMM = gravac.comm.init(BACKEND)
+#: A case whose transport-specific part another case of the same test covers on both
+#: transports (a resume of one more controller: the checkpoint code is the transport's
+#: alike): it runs under torchrun only, to keep the suite's time.
+ONE_TRANSPORT = pytest.mark.skipif(BACKEND == "horovod", reason="the same transport path as "
+                                   "another case of this test, which runs under Horovod")
 torch.set_num_threads(1)
 
 

@@ -13,7 +13,8 @@ from gravac.compressors.powersgd import PowerSGD, matrix_shape, rank_for_cf
 from gravac.controllers import GraVAC, Static
 from gravac.train.loop import train
 
-from helpers import COMM, barrier, demo_config, distributed_optimizer, gather_rows, make_net, rank_batch
+from helpers import (COMM, ONE_TRANSPORT, barrier, demo_config, distributed_optimizer, gather_rows,
+                     make_net, rank_batch)
 
 COMPRESSED = ["fc1.weight", "fc2.weight"]
 
@@ -251,9 +252,10 @@ def test_resume_from_state_dict_gives_identical_next_steps(controller, rank):
 
 
 @pytest.mark.parametrize("files,extra", [
-    (["static_powersgd_rank4.yaml"], []),
-    (["accordion_powersgd.yaml"], ["compression.accordion.interval_steps=6",
-                                   "compression.accordion.switch_freq=2"]),
+    pytest.param(["static_powersgd_rank4.yaml"], [], marks=ONE_TRANSPORT),
+    pytest.param(["accordion_powersgd.yaml"], ["compression.accordion.interval_steps=6",
+                                               "compression.accordion.switch_freq=2"],
+                 marks=ONE_TRANSPORT),
     (["gravac_exp_powersgd.yaml"], ["compression.gravac.window=8", "compression.gravac.omega=0",
                                     "compression.gravac.theta_min=2"]),
 ], ids=["static-rank4", "accordion-rank4-1", "gravac"])

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from gravac.train.loop import train
-from helpers import BACKEND, COMM, barrier, demo_config
+from helpers import BACKEND, COMM, ONE_TRANSPORT, barrier, demo_config
 
 
 # A run's report (plots, report.md) is written after its last checkpoint, on rank 0.
@@ -56,12 +56,13 @@ def test_every_controller_trains_and_writes_events_metrics_report(files, extra, 
 
 
 @pytest.mark.parametrize("files,extra", [
-    (["static_dgc_10x.yaml"], []),
+    pytest.param(["static_dgc_10x.yaml"], [], marks=ONE_TRANSPORT),
     # ω = 0: GraVAC's window decisions then depend only on (deterministic) gains, not on
     # this machine's timings, so a resumed run must replay them exactly.
     ([], ["compression.gravac.window=8", "compression.gravac.omega=0"]),
-    (["accordion_cnn.yaml"], ["compression.accordion.interval_steps=6",
-                              "compression.accordion.switch_freq=2"]),
+    pytest.param(["accordion_cnn.yaml"], ["compression.accordion.interval_steps=6",
+                                          "compression.accordion.switch_freq=2"],
+                 marks=ONE_TRANSPORT),
     # The DDP hook's state rides in the optimizer's checkpoint (optimizer_with_hook_state).
     pytest.param([], ["compression.gravac.window=8", "compression.gravac.omega=0",
                       "compression.front_end=ddp_hook", "compression.overlap=true",
