@@ -83,10 +83,13 @@ class RunConfig:
     # cores and spins elsewhere.
     horovod_wait: str = "auto"
     report: bool = True
-    # Seconds without a finished training step before a rank gives up (a peer hangs); 0: off.
+    # The stall watchdog's floor, seconds: a rank gives up (a peer died or hangs) when a step,
+    # an evaluation or a checkpoint takes 10x the slowest of its kind so far, never sooner
+    # than this; the first of each kind (start-up, compilation) gets 10x this. 0: off.
     stall_timeout: float = 60.0
-    # Steps between two checks whether a rank got SIGINT/SIGTERM (a tiny allreduce each:
-    # ~1.2 ms under Horovod); a signal is acted on within this many steps.
+    # At most this many steps between two checks whether a rank got SIGINT/SIGTERM (a tiny
+    # allreduce each: ~1.2 ms under Horovod); checks come about once a second of training,
+    # every step when steps take a second or more.
     stop_check_interval: int = 10
     # Horovod Elastic (horovodrun --min-np/--max-np --host-discovery-script): ranks may
     # leave and join; the state is committed in memory every elastic_commit_interval steps.

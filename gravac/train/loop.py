@@ -42,7 +42,7 @@ from .resume import check_resume_config
 from .run_lock import RunDirLock, clear_run_dir
 from .signals import Interrupted, StopSignal
 from .tasks import build_task
-from .watchdog import StallWatchdog
+from .watchdog import CHECKPOINT, COMMIT, EVALUATION, EXCHANGE, StallWatchdog
 
 
 _IMPLEMENTATION_KEYS = ("fused", "foreach")
@@ -147,6 +147,8 @@ class Trainer:
         self.total_steps = cfg.run.steps or cfg.run.epochs * self.task.steps_per_epoch
         self.run_dir = Path(cfg.run.output_dir) / cfg.run.name
         self._run_lock = RunDirLock(self.run_dir)    # rank 0 takes it in start()
+        #: Started by run(), stopped after finish()'s final evaluation and checkpoint.
+        self.watchdog = StallWatchdog(cfg.run.stall_timeout, self.rank)
         # None for the plain dense baselines (Horovod's optimizer, DDP); gravac's has one.
         self.controller = self.method.controller(self.opt)
         self.dense_numel = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
@@ -353,9 +355,13 @@ class Trainer:
         every step on every rank (elastic commits)."""
         cfg, opt, method = self.cfg, self.opt, self.method
         self.model.train()
-        watchdog = StallWatchdog(cfg.run.stall_timeout, self.rank).start()
+        # Kept for finish()'s final evaluation and checkpoint when the run ends well; a
+        # failed run() (an elastic reset: re-rendezvous is not a stall) stops it.
+        watchdog = self.watchdog = StallWatchdog(cfg.run.stall_timeout, self.rank).start()
         samples_per_step = cfg.data.batch_size * self.world
         batches = self.task.batches(self.epoch, self.batch_in_epoch)
+        ended = False
+        next_stop_check = self.step + 1     # the first step's time sets the interval
         try:
             while self.step < self.total_steps:
                 # A step's time starts here: the logging, evaluation and checkpoint after
@@ -372,6 +378,7 @@ class Trainer:
                 opt.zero_grad()
                 loss = self.task.loss(batch)
                 loss.backward()
+                watchdog.phase(EXCHANGE)
                 method.step(opt, self.model.parameters(), cfg.optimizer.grad_clip)
                 lr = opt.param_groups[0]["lr"]
                 self.scheduler.step()
@@ -381,25 +388,30 @@ class Trainer:
                 self._log_step(loss, lr, t_iter, samples_per_step)
                 watchdog.beat()
                 step = self.step
-                if self.stop is not None and step % cfg.run.stop_check_interval == 0:
-                    signum = self.stop.agreed(self.comm, step)   # collective, same steps
+                if self.stop is not None and step >= next_stop_check:
+                    # collective, at the same steps on every rank (from agreed numbers)
+                    signum, every = self.stop.agreed(self.comm, step, t_iter,
+                                                     cfg.run.stop_check_interval)
+                    next_stop_check = step + every
                     if signum:
-                        with watchdog.paused():
+                        with watchdog.timed(CHECKPOINT):
                             where = self.checkpoint()
                         raise Interrupted(signum, step, str(where))
                 if cfg.run.eval_interval and step % cfg.run.eval_interval == 0 \
                         and step < self.total_steps:
-                    with watchdog.paused():
+                    with watchdog.timed(EVALUATION):
                         self.evaluate()
                 if cfg.run.checkpoint_interval and step % cfg.run.checkpoint_interval == 0 \
                         and step < self.total_steps:
-                    with watchdog.paused():
+                    with watchdog.timed(CHECKPOINT):
                         self.checkpoint()
                 if after_step is not None:
-                    with watchdog.paused():
+                    with watchdog.timed(COMMIT):
                         after_step()
+            ended = True
         finally:
-            watchdog.stop()
+            if not ended:
+                watchdog.stop()
 
     def _log_step(self, loss, lr: float, t_iter: float, samples_per_step: int) -> None:
         stats = self.method.step_stats(self.opt, self.step - 1, self.dense_numel)
@@ -447,9 +459,14 @@ class Trainer:
             self.log.message(f"the run had finished its {self.step} steps already; "
                              "raise run.steps to train on")
         else:
-            final = self._final = self.evaluate()
-            self._final_at = self.step
-            self.checkpoint()
+            try:
+                with self.watchdog.timed(EVALUATION):
+                    final = self._final = self.evaluate()
+                self._final_at = self.step
+                with self.watchdog.timed(CHECKPOINT):
+                    self.checkpoint()
+            finally:
+                self.watchdog.stop()
             elapsed = self.elapsed()
         # resuming drops run_end records (truncate_metrics): the run ends here again
         self.log.record(new_record(RUN_END, step=self.step, time=elapsed, final=final))
@@ -495,6 +512,7 @@ def train(cfg: Config, resume: bool = False, dry_run: bool = False) -> dict:
             print(stop, flush=True)              # "interrupted by SIGTERM at step N: ..."
         raise
     finally:
+        trainer.watchdog.stop()
         trainer.stop.uninstall()
         trainer.release_run_dir()
 
