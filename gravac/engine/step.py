@@ -455,14 +455,15 @@ class StepEngine:
             if layer.name in state.frozen:
                 layer.param.grad.zero_()     # a gradient left from before the freeze
 
-    def _after_unpack(self, state: _Step) -> None:
+    def _after_unpack(self, state: _Step) -> bool:
         """The averages as the optimizer takes them: Horovod's ``op`` and
         ``gradient_predivide_factor``, sparse gradients sparse again, and no gradient at
         all for a layer frozen here that no rank sent anything for (the optimizer then
-        leaves it alone, momentum and weight decay included, as without gravac)."""
-        factor = self.options.gradient_predivide_factor
+        leaves it alone, momentum and weight decay included, as without gravac).
+        Whether there was anything to do (most steps: no)."""
         if state.prescaled:
-            torch._foreach_mul_([l.param.grad for l in state.prescaled], factor)
+            torch._foreach_mul_([l.param.grad for l in state.prescaled],
+                                self.options.gradient_predivide_factor)
         if self.options.op == "sum":
             torch._foreach_mul_([l.param.grad for l in self.layers], float(self.comm.size))
         for layer in self.layers:
@@ -472,6 +473,8 @@ class StepEngine:
                 layer.param.grad = None
             elif layer.name in state.sparse:
                 layer.param.grad = layer.param.grad.to_sparse(state.sparse[layer.name])
+        return bool(state.prescaled or state.frozen or state.sparse
+                    or self.options.op == "sum")
 
     def _settle(self, state: _Step, selections, level: str, dense: list) -> list[SentLayer]:
         """Send ``selections`` at ``level``: what the exchange sends of each, the residual
@@ -554,9 +557,10 @@ class StepEngine:
             return self.skip(state.step, bad_ranks, clock, t_compute, state.limit_skips)
         for pending in state.pendings:
             pending.unpack()
-        self.exchange.end(clock)
-        self._after_unpack(state)
         clock.lap("t_unpack", sync=True)
+        self.exchange.end(clock)
+        if self._after_unpack(state):
+            clock.lap("t_unpack")
         if state.staged:
             self.controller.observe_gradients(state.staged)
             clock.lap("t_control")
