@@ -11,9 +11,11 @@
 # every run gets its own directory under run.output_dir (the tag comes from the
 # compression config, e.g. resnet101-cifar10-static_topk_10x). NP defaults to 2.
 # TRAIN_ARGS go to every run (a --set there wins over the files). A directory that already
-# holds a run is refused: add `-- --set run.overwrite=true` to replace it or `-- --resume`
-# to continue it. A failing run does not stop the others; at the end the script lists the
-# failures and exits 1 (Ctrl-C stops the whole series).
+# holds a run is refused: add `-- --set run.overwrite=true` to replace it. `-- --resume`
+# continues a stopped series (the same command plus --resume): a run that finished its
+# steps is kept, one with a checkpoint continues from it, one without starts again, and
+# the runs not started yet start. A failing run does not stop the others; at the end the
+# script lists the failures and exits 1 (Ctrl-C stops the whole series).
 set -euo pipefail
 
 compression_files() {

@@ -9,6 +9,9 @@
 #   horovodrun -np NP -H HOST:N,... --gloo <repo>/.venv/bin/python <repo>/train.py \
 #       --config CONFIG...
 # after `train.py --check` has checked the configs and data files here.
+# The launcher runs under gravac/util/job.py: a signal to this script stops it and every
+# rank, and a rank's gravac error line (config error: ...) is printed again last, after
+# the launcher's own traceback.
 # Arguments after `--` go to train.py (--set key=value, --dry-run, --resume).
 #
 # HOSTFILE: one host per line, `HOST slots=N` or `HOST:N` (N = ranks on that host, usually
@@ -110,4 +113,4 @@ cmd=("$horovodrun" -np "$np" -H "$host_list" "$controller" ${nics[@]+"${nics[@]}
      ${ssh_args[@]+"${ssh_args[@]}"}
      "$python" "$repo/train.py" --config "${configs[@]}" ${train_args[@]+"${train_args[@]}"})
 echo "+ ${cmd[*]}" >&2
-exec "${cmd[@]}"
+exec_job "$python" "${cmd[@]}"

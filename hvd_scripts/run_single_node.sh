@@ -8,6 +8,9 @@
 #
 # Runs, from the repository root:
 #   horovodrun -np NP -H localhost:NP --gloo .venv/bin/python train.py --config CONFIG...
+# The launcher runs under gravac/util/job.py: a signal to this script stops it and every
+# rank, and a rank's gravac error line (config error: ...) is printed again last, after
+# the launcher's own traceback.
 # CONFIG files merge left to right; a relative CONFIG path is looked up from the current
 # directory first, then from the repository root. Everything after `--` goes to train.py
 # (--set key=value, --dry-run, --resume); train.py runs from the repository root, so
@@ -42,4 +45,4 @@ cd "$repo"
 cmd=("$horovodrun" -np "$np" -H "localhost:$np" --gloo "$python" train.py --config "${configs[@]}"
      ${train_args[@]+"${train_args[@]}"})
 echo "+ ${cmd[*]}" >&2
-exec "${cmd[@]}"
+exec_job "$python" "${cmd[@]}"

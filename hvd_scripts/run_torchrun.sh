@@ -16,6 +16,9 @@
 # at HOST:PORT, so HOST must be node 0):
 #   torchrun --nnodes NNODES --nproc-per-node NPROC --rdzv-backend static \
 #       --rdzv-endpoint HOST:PORT --node-rank K train.py --config CONFIG... ...
+# The launcher runs under gravac/util/job.py: a signal to this script stops it and every
+# rank, and a rank's gravac error line (config error: ...) is printed again last, after
+# the launcher's own traceback.
 # NPROC is the number of ranks on EACH node. CONFIG files merge left to right; a relative
 # CONFIG path is looked up from the current directory first, then from the repository
 # root. Everything after `--` goes to train.py (--set key=value, --dry-run, --resume).
@@ -79,4 +82,4 @@ cd "$repo"
 cmd=("$torchrun" "${launch[@]}" train.py --config "${configs[@]}" --set run.backend=torch
      ${train_args[@]+"${train_args[@]}"})
 echo "+ ${cmd[*]}" >&2
-exec "${cmd[@]}"
+exec_job "$python" "${cmd[@]}"

@@ -35,6 +35,28 @@ WAIT_MODES = ("sleep", "spin")
 HOROVOD_WAITS = ("auto", *WAIT_MODES)
 
 
+#: The launcher that starts each transport's ranks.
+LAUNCHERS = {"horovod": "horovodrun", "torch": "torchrun"}
+
+
+def launched_by(environ: Mapping[str, str] | None = None) -> str | None:
+    """The transport of the launcher that started this process, read from the environment
+    it gives its ranks: ``"horovod"`` (horovodrun, or mpirun), ``"torch"`` (torchrun), or
+    None (no launcher).
+
+    >>> launched_by({"TORCHELASTIC_RUN_ID": "x", "LOCAL_RANK": "0", "WORLD_SIZE": "2"})
+    'torch'
+    >>> launched_by({}) is None
+    True
+    """
+    env = os.environ if environ is None else environ
+    if "HOROVOD_RANK" in env or "OMPI_COMM_WORLD_RANK" in env:
+        return "horovod"
+    if "TORCHELASTIC_RUN_ID" in env or ("LOCAL_RANK" in env and "WORLD_SIZE" in env):
+        return "torch"
+    return None
+
+
 def detect_backend(environ: Mapping[str, str] | None = None) -> str:
     """The launcher of this process: ``"torch"`` under torchrun, ``"horovod"`` under
     horovodrun (or any process where Horovod is installed), ``"local"`` otherwise.
@@ -44,11 +66,9 @@ def detect_backend(environ: Mapping[str, str] | None = None) -> str:
     >>> detect_backend({"HOROVOD_RANK": "1"})
     'horovod'
     """
-    env = os.environ if environ is None else environ
-    if "HOROVOD_RANK" in env or "OMPI_COMM_WORLD_RANK" in env:
-        return "horovod"
-    if "TORCHELASTIC_RUN_ID" in env or ("LOCAL_RANK" in env and "WORLD_SIZE" in env):
-        return "torch"
+    launcher = launched_by(environ)
+    if launcher is not None:
+        return launcher
     # Only whether Horovod is installed: importing horovod.torch would load its library.
     return "horovod" if importlib.util.find_spec("horovod") is not None else "local"
 
@@ -111,5 +131,5 @@ def init(backend: str = "auto", horovod_cycle_time_ms="auto",
     return comm
 
 
-__all__ = ["BACKENDS", "OPS", "Comm", "Done", "Handle", "LocalComm", "VersionMismatch",
-           "detect_backend", "init"]
+__all__ = ["BACKENDS", "LAUNCHERS", "OPS", "Comm", "Done", "Handle", "LocalComm",
+           "VersionMismatch", "detect_backend", "init", "launched_by"]

@@ -28,6 +28,10 @@ class RunSummary:
     ``compared_at`` is the step at which speedup and communication saving were taken
     when the run and the baseline differ in length (else None); ``not_comparable``
     says why they were left out (e.g. a different model than the baseline's).
+
+    ``final_metric`` is the metric at the run's end; a run that did not finish (no run_end
+    record: killed, crashed, still running) has none, and ``last_eval`` holds the step and
+    metric of its last evaluation instead, a mid-run one.
     """
 
     label: str
@@ -44,6 +48,8 @@ class RunSummary:
     comm_saving: float | None = None
     compared_at: int | None = None
     not_comparable: str | None = None
+    finished: bool = True
+    last_eval: tuple[int, float] | None = None
 
 
 def summarize(run: Run, baseline: Run | None = None) -> RunSummary:
@@ -53,16 +59,18 @@ def summarize(run: Run, baseline: Run | None = None) -> RunSummary:
 
         row = summarize(load_run("runs/gravac"), baseline=load_run("runs/dense"))
     """
-    _, _, values = run.eval_series()
+    eval_steps, _, values = run.eval_series()
     finite = [v for v in values if not math.isnan(v)]
     best = (min(finite) if run.lower_is_better else max(finite)) if finite else None
     _, rates = run.series("samples_per_sec")
+    finished = run.end is not None
     row = RunSummary(
         label=run.label, controller=run.controller, compressor=run.compressor,
         metric=run.metric, steps=run.final_step, wall_time=run.wall_time,
-        final_metric=values[-1] if values else None, best_metric=best,
+        final_metric=values[-1] if values and finished else None, best_metric=best,
         mean_samples_per_sec=float(np.mean(rates)) if rates else None,
-        floats_vs_dense=floats_vs_dense(run))
+        floats_vs_dense=floats_vs_dense(run), finished=finished,
+        last_eval=(eval_steps[-1], values[-1]) if values and not finished else None)
     if baseline is None:
         return row
     reason = incomparable(run, baseline)

@@ -40,16 +40,20 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
 
 
 def summary_table(rows: Sequence[RunSummary], baseline: Run | None) -> list[str]:
-    """Markdown lines of the summary table, plus footnotes on baseline comparisons."""
+    """Markdown lines of the summary table, plus footnotes on unfinished runs and baseline
+    comparisons."""
     header = ["Run", "Controller", "Compressor", "Steps", "Wall time (s)", "Metric",
               "Final", "Best", "Mean samples/s", "Floats sent vs dense"]
     if baseline is not None:
         header += ["Speedup vs baseline", "Comm. saving vs baseline"]
     body, notes = [], []
     for row in rows:
+        if not row.finished:
+            notes.append(f"- {_cell(row.label)}: {unfinished_note(row)}.")
         cells = [row.label, row.controller, row.compressor, _num(row.steps, "d"),
                  _num(row.wall_time, ".1f"), row.metric,
-                 format_metric(row.metric, row.final_metric),
+                 format_metric(row.metric, row.final_metric) if row.finished else
+                 "did not finish",
                  format_metric(row.metric, row.best_metric),
                  _num(row.mean_samples_per_sec, ".1f"), _num(row.floats_vs_dense, ".4f")]
         if baseline is not None:
@@ -65,6 +69,17 @@ def summary_table(rows: Sequence[RunSummary], baseline: Run | None) -> list[str]
     if notes:
         lines += [""] + notes
     return lines
+
+
+def unfinished_note(row: RunSummary) -> str:
+    """What a run without a run_end record reached: "the run did not finish (no run_end
+    record); last evaluation at step 80: top1 0.4500" (its last, mid-run evaluation is no
+    final result)."""
+    text = "the run did not finish (no run_end record)"
+    if row.last_eval is not None:
+        step, value = row.last_eval
+        text += f"; last evaluation at step {step}: {row.metric} {format_metric(row.metric, value)}"
+    return text
 
 
 def decisions_section(run: Run) -> list[str]:

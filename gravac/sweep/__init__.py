@@ -44,12 +44,18 @@ Before anything is launched every run is resolved and checked with ``train.py --
 config error. Runs then go one after another under ``horovodrun --gloo`` (or, with
 ``--launcher torchrun``, ``torchrun --standalone``) on this host, or with ``--hostfile``
 across the hosts it lists (``hvd_scripts/run_multi_node.sh``); a
-failing run is recorded as failed and the sweep goes on. ``results.csv`` and
+failing run is recorded as failed (its note: the rank's gravac error line, not the
+launcher's traceback after it) and the sweep goes on. ``results.csv`` and
 ``results.md`` in the sweep directory are rewritten (atomically) after every run, and at
 the end ``python -m gravac.report`` plots the successful runs into ``<sweep dir>/report``.
 Each run's console output is kept in ``<sweep dir>/logs/<run name>.log``.
 
-An interrupted sweep (Ctrl-C, a lost machine) continues with ``--resume``: a run whose
+A signal to the sweep (Ctrl-C, SIGTERM, SIGHUP) stops the job it runs: each job runs in
+a session of its own, the signal goes to it (the ranks checkpoint), and whatever of it,
+launcher or rank, is left after 45 s is killed (``gravac/util/job.py``); that run is
+recorded as interrupted and the sweep ends.
+
+An interrupted sweep (a signal, a lost machine) continues with ``--resume``: a run whose
 metrics end with the trainer's run_end record at the steps its config asks for is kept
 (that record is the completed marker), a run with a checkpoint continues from it
 (``train.py --resume``), a run that logged but never checkpointed starts again, the rest
@@ -57,7 +63,8 @@ run as usual; the results table and report cover all of them. ``--overwrite`` in
 replaces every run the sweep directory holds.
 
 Exit status: 0 all runs succeeded (or the dry run found every run valid), 1 a run or the
-report failed, 2 the sweep file or a run's config is invalid, 130 interrupted.
+report failed, 2 the sweep file or a run's config is invalid, 128 + N stopped by signal N
+(130 Ctrl-C, 143 SIGTERM).
 """
 
 from .runner import main

@@ -10,6 +10,7 @@ from typing import Any, Sequence
 
 from ..report import Run, RunLoadError, RunSummary, load_run
 from ..report.stats import summarize
+from ..report.summary import unfinished_note
 from ..util.atomic import atomic_write_text
 from .spec import FIXED_COLUMNS, RunSpec, Sweep
 
@@ -71,6 +72,9 @@ def results_rows(sweep: Sweep, runs: Sequence[RunSpec], sweep_dir: Path,
             values = {col: getattr(summary, field) for col, field in _SUMMARY_COLUMNS.items()}
             note = note or _summary_note(summary) or \
                 (f"not compared: {base}" if isinstance(base, str) else "")
+            if summary.last_eval is not None and state != "running":
+                # final_metric stays empty: a mid-run evaluation is no final result
+                note = "; ".join(filter(None, [note, unfinished_note(summary)]))
         elif isinstance(mine, str) and state != "running":
             # A running run may simply not have logged yet; anything else is worth saying.
             note = note or f"metrics not read: {mine}"

@@ -12,6 +12,7 @@ from typing import Any, Callable, Sequence
 import yaml
 
 from ..report import METRICS_FILE, load_run
+from ..util import job
 from ..util.atomic import atomic_write_text
 from .results import finished, results_rows, write_results
 from .spec import (REPO, RunSpec, Sweep, SweepError, check_key, expand, load_sweep,
@@ -137,37 +138,32 @@ def launch_command(launcher: str, path: str, np_: int, train_args: list[str],
 
 
 def launch(command: list[str], log_path: Path, repo: Path = REPO) -> int:
-    """Run ``command`` from the repository root, echoing its output to the console and to
-    ``log_path``; returns the exit status (KeyboardInterrupt stops the job, then re-raises)."""
+    """Run ``command`` from the repository root in a session of its own (``job.run``),
+    echoing its output to the console and to ``log_path``; returns the exit status. A
+    signal meanwhile stops the job, launcher and ranks, and raises ``job.Interrupted``."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "w") as log:
-        log.write("$ " + " ".join(command) + "\n")
-        proc = subprocess.Popen(command, cwd=repo, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, errors="replace")
-        try:
-            for line in proc.stdout or ():
-                sys.stdout.write(line)
-                log.write(line)
-            return proc.wait()
-        except KeyboardInterrupt:
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            raise
+    with open(log_path, "wb") as log:
+        log.write(("$ " + " ".join(command) + "\n").encode())
+
+        def echo(chunk: bytes, from_stderr: bool) -> None:
+            sys.stdout.flush()
+            sys.stdout.buffer.write(chunk)
+            sys.stdout.buffer.flush()
+            log.write(chunk)
+
+        return job.run(command, cwd=repo, on_output=echo, merge=True)
 
 
 def failure_note(log_path: Path, code: int) -> str:
-    """A short reason for a failed run: the last error-looking line of its log."""
+    """A short reason for a failed run: the last gravac error line of its log (a rank's
+    one line, not the launcher's traceback after it), else its last error-looking line."""
     try:
         lines = [ln.strip() for ln in log_path.read_text(errors="replace").splitlines()
                  if ln.strip()]
     except OSError:
         lines = []
     errors = [ln for ln in lines[1:] if "error" in ln.lower()]
-    text = errors[-1] if errors else f"exit code {code}"
+    text = job.error_line(lines[1:]) or (errors[-1] if errors else f"exit code {code}")
     return (text[:197] + "...") if len(text) > 200 else text
 
 
@@ -309,45 +305,55 @@ def execute(sweep: Sweep, runs: Sequence[RunSpec], sweep_dir: Path,
     if sweep.source is not None:
         atomic_write_text(sweep_dir / "sweep.yaml", sweep.source.read_text())
     save()
-    for k, run in enumerate(runs, 1):
-        what, more = plans.get(run.name, ("new", []))
-        if what == "skip":
-            print(f"\n=== [{k}/{len(runs)}] {run.name}: finished earlier, kept ===", flush=True)
-            continue
-        if what in ("resume", "restart"):
-            notes[run.name] = ("resumed from its checkpoint (--resume)" if what == "resume"
-                               else "started again: it had no checkpoint (--resume)")
-        command = launch_command(launcher, launcher_path, sweep.np,
-                                 run.train_args(sweep_dir, extra) + more, hostfile)
-        print(f"\n=== [{k}/{len(runs)}] {run.name} ===\n$ {' '.join(command)}", flush=True)
-        log_path = sweep_dir / "logs" / f"{run.name}.log"
-        status[run.name] = "running"
+    # A signal between runs, as during one, ends the sweep (a running job is stopped first).
+    try:
+        with job.signals_raise():
+            for k, run in enumerate(runs, 1):
+                what, more = plans.get(run.name, ("new", []))
+                if what == "skip":
+                    print(f"\n=== [{k}/{len(runs)}] {run.name}: finished earlier, kept ===",
+                          flush=True)
+                    continue
+                if what in ("resume", "restart"):
+                    notes[run.name] = ("resumed from its checkpoint (--resume)"
+                                       if what == "resume" else
+                                       "started again: it had no checkpoint (--resume)")
+                command = launch_command(launcher, launcher_path, sweep.np,
+                                         run.train_args(sweep_dir, extra) + more, hostfile)
+                print(f"\n=== [{k}/{len(runs)}] {run.name} ===\n$ {' '.join(command)}",
+                      flush=True)
+                log_path = sweep_dir / "logs" / f"{run.name}.log"
+                status[run.name] = "running"
+                save()
+                code = launch(command, log_path)
+                if code == 0 and finished(sweep_dir / "runs" / run.name):
+                    status[run.name] = "ok"
+                else:
+                    status[run.name] = "failed"
+                    notes[run.name] = failure_note(log_path, code) if code else \
+                        f"no run_end record in {METRICS_FILE}"
+                    print(f"=== {run.name} FAILED: {notes[run.name]} (log: {log_path}) ===",
+                          flush=True)
+                save()
+            ok = [r for r in runs if status[r.name] == "ok"]
+            print(f"\nsweep {sweep.name}: {len(ok)} of {len(runs)} runs ok; results: "
+                  f"{sweep_dir / 'results.md'}, {sweep_dir / 'results.csv'}")
+            report_ok = True
+            if ok:
+                base = baselines.get(runs[0].name)
+                base_dir = sweep_dir / "runs" / base if base and status.get(base) == "ok" \
+                    else None
+                report_ok = run_report([sweep_dir / "runs" / r.name for r in ok],
+                                       sweep_dir / "report", base_dir)
+            return 0 if len(ok) == len(runs) and report_ok else 1
+    except job.Interrupted as stopped:
+        for name, state in status.items():
+            if state == "running":
+                status[name], notes[name] = "interrupted", str(stopped)
         save()
-        try:
-            code = launch(command, log_path)
-        except KeyboardInterrupt:
-            status[run.name], notes[run.name] = "interrupted", "stopped by Ctrl-C"
-            save()
-            print(f"\ninterrupted; partial results in {sweep_dir / 'results.md'}")
-            return 130
-        if code == 0 and finished(sweep_dir / "runs" / run.name):
-            status[run.name] = "ok"
-        else:
-            status[run.name] = "failed"
-            notes[run.name] = failure_note(log_path, code) if code else \
-                f"no run_end record in {METRICS_FILE}"
-            print(f"=== {run.name} FAILED: {notes[run.name]} (log: {log_path}) ===", flush=True)
-        save()
-    ok = [r for r in runs if status[r.name] == "ok"]
-    print(f"\nsweep {sweep.name}: {len(ok)} of {len(runs)} runs ok; results: "
-          f"{sweep_dir / 'results.md'}, {sweep_dir / 'results.csv'}")
-    report_ok = True
-    if ok:
-        base = baselines.get(runs[0].name)
-        base_dir = sweep_dir / "runs" / base if base and status.get(base) == "ok" else None
-        report_ok = run_report([sweep_dir / "runs" / r.name for r in ok], sweep_dir / "report",
-                               base_dir)
-    return 0 if len(ok) == len(runs) and report_ok else 1
+        print(f"\n{stopped}: the sweep ends here; partial results in "
+              f"{sweep_dir / 'results.md'} (continue with --resume)", flush=True)
+        return stopped.exit_code
 
 
 def main(argv: Sequence[str] | None = None,

@@ -11,7 +11,7 @@ import faulthandler
 import io
 import sys
 
-from .config import ConfigError, load_config
+from .config import ConfigError, check_launcher, load_config
 
 EPILOG = """\
 Config files are YAML with the sections run, model, data, optimizer and compression;
@@ -74,6 +74,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     try:
         cfg = load_config(args.config, args.overrides)
+        check_launcher(cfg)     # before any rank starts a transport or touches the run folder
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)
         return 2

@@ -592,6 +592,24 @@ def _check_output_path(r: RunConfig) -> None:
             return
 
 
+def check_launcher(cfg: Config, environ=None) -> None:
+    """Refuse a ``run.backend`` other than the launcher's (``ConfigError``): under torchrun,
+    ``run.backend=horovod`` (or ``local``) makes every worker a 1-rank job of its own, all
+    writing one run folder, and the other way round alike. Without a launcher (``environ``,
+    default this process's: ``gravac.comm.launched_by``) every backend may be asked for."""
+    from ..comm import LAUNCHERS, launched_by
+
+    backend, launcher = cfg.run.backend, launched_by(environ)
+    if launcher is None or backend in ("auto", launcher):
+        return
+    other = f"launch with {LAUNCHERS[backend]}" if backend in LAUNCHERS else \
+        "run train.py without a launcher"
+    raise ConfigError(f"run.backend={backend!r} does not match {LAUNCHERS[launcher]}, which "
+                      f"started this process (each of its ranks would run a job of its own "
+                      f"in the same run folder); drop run.backend (auto follows the "
+                      f"launcher), set run.backend={launcher}, or {other}")
+
+
 def _config_key_error(controller: str, message: str) -> str:
     """A controller's "GraVAC(window=0): window must be ..." as the config key it came from:
     "compression.gravac.window=0: window must be ..." (static: "compression.cf=...")."""

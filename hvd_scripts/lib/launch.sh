@@ -1,7 +1,7 @@
 # Shared by run_single_node.sh and run_multi_node.sh (sourced, not run). The caller sets
 # `repo` (the repository root) and `usage_lines` (the last header line of its usage text)
 # before sourcing; this file answers -h/--help and provides `die`, `usage`, `looked_in`,
-# `venv`, `parse_configs`, `check_config` and `find_horovodrun`.
+# `venv`, `parse_configs`, `check_config`, `find_horovodrun` and `exec_job`.
 
 script_path=${BASH_SOURCE[1]}
 script_name=$(basename "$script_path")
@@ -61,4 +61,14 @@ find_horovodrun() {
 check_config() {
     "$1" "$repo/train.py" --config "${configs[@]}" ${train_args[@]+"${train_args[@]}"} \
         --check >/dev/null || exit $?
+}
+
+# exec_job PYTHON COMMAND...: becomes gravac/util/job.py running COMMAND (the launcher):
+# a signal to this script stops the launcher and every rank, and when a rank failed with
+# gravac's one-line error, that line is printed last, after the launcher's own traceback
+# (horovodrun's is 25 lines).
+exec_job() {
+    local python=$1
+    shift
+    exec "$python" "$repo/gravac/util/job.py" -- "$@"
 }

@@ -40,17 +40,46 @@ run_series() {
         [ "$1" = "--" ] || die "unexpected argument '$1'; train.py arguments go after '--'"
         shift
     fi
-    local train_args=("$@")
+    # `--resume` continues the series: each run is kept, resumed, started again or started,
+    # as a sweep's --resume decides (gravac/sweep/plan.py); handed to every run as it is,
+    # the runs that had not started yet would fail with nothing to resume.
+    local train_args=() resume=0 arg
+    for arg in "$@"; do
+        if [ "$arg" = --resume ]; then resume=1; else train_args+=("$arg"); fi
+    done
+    local model_path=$repo/$model_config
+    if [ -f "$model_config" ]; then
+        model_path=$(cd "$(dirname "$model_config")" && pwd)/$(basename "$model_config")
+    fi
+    local python=${GRAVAC_VENV:-$repo/.venv}/bin/python
+    [ -x "$python" ] || python=$(command -v python3)
     local compression=()
     mapfile -t compression < <(compression_files "$model_config")
 
     trap "echo '$name: interrupted' >&2; exit 130" INT
-    local failed=() total=${#compression[@]} k=0 comp
+    local failed=() total=${#compression[@]} k=0 comp plan more
+    local run_name=(--set 'run.name="{model}-{data}-{tag}"')
     for comp in "${compression[@]}"; do
         k=$((k + 1))
         echo "=== [$k/$total] $(basename "$model_config") + $(basename "$comp") ===" >&2
+        more=()
+        if [ "$resume" = 1 ]; then
+            # train.py resolves run.output_dir from the repository root: so does the plan
+            if ! plan=$(cd "$repo" && "$python" -m gravac.sweep.plan --config "$model_path" \
+                    "$repo/$comp" "${run_name[@]}" ${train_args[@]+"${train_args[@]}"}); then
+                failed+=("$comp")
+                echo "=== $(basename "$comp"): FAILED ===" >&2
+                continue
+            fi
+            case $plan in
+                skip) echo "=== $(basename "$comp"): finished earlier, kept ===" >&2; continue ;;
+                resume) more=(--resume) ;;
+                restart) more=(--set run.overwrite=true)
+                         echo "=== $(basename "$comp"): no checkpoint, started again ===" >&2 ;;
+            esac
+        fi
         if ! bash "$repo/hvd_scripts/run_single_node.sh" "$np" "$model_config" "$repo/$comp" -- \
-                --set 'run.name="{model}-{data}-{tag}"' ${train_args[@]+"${train_args[@]}"}; then
+                "${run_name[@]}" ${train_args[@]+"${train_args[@]}"} ${more[@]+"${more[@]}"}; then
             failed+=("$comp")
             echo "=== $(basename "$comp"): FAILED ===" >&2
         fi

@@ -225,3 +225,54 @@ def test_controller_auto_from_a_config_and_its_errors_name_the_key():
             load_config(files, sets)
     # Overlap applies to the steps whose method's exchange overlaps.
     assert load_config(files, ["compression.overlap=true"]).compression.overlap
+
+
+# -- run.backend against the launcher (issue 37, item 6) -----------------------------------------
+TORCHRUN_ENV = {"TORCHELASTIC_RUN_ID": "x", "LOCAL_RANK": "0", "WORLD_SIZE": "2"}
+HOROVODRUN_ENV = {"HOROVOD_RANK": "0", "HOROVOD_SIZE": "2"}
+
+
+@pytest.mark.parametrize("environ, backend, fix", [
+    (TORCHRUN_ENV, "horovod", "set run.backend=torch, or launch with horovodrun"),
+    (TORCHRUN_ENV, "local", "set run.backend=torch, or run train.py without a launcher"),
+    (HOROVODRUN_ENV, "torch", "set run.backend=horovod, or launch with torchrun"),
+    (HOROVODRUN_ENV, "local", "set run.backend=horovod, or run train.py without a launcher"),
+])
+def test_a_backend_other_than_the_launchers_is_refused(environ, backend, fix):
+    from gravac.train.config import check_launcher
+
+    cfg = load_config([REPO / "configs/demo.yaml"], [f"run.backend={backend}"])
+    launcher = "torchrun" if environ is TORCHRUN_ENV else "horovodrun"
+    with pytest.raises(ConfigError) as err:
+        check_launcher(cfg, environ)
+    assert str(err.value).startswith(f"run.backend='{backend}' does not match {launcher}, "
+                                     "which started this process")
+    assert str(err.value).endswith(f"drop run.backend (auto follows the launcher), {fix}")
+
+
+@pytest.mark.parametrize("environ, backend", [
+    (TORCHRUN_ENV, "torch"), (TORCHRUN_ENV, "auto"), (HOROVODRUN_ENV, "horovod"),
+    (HOROVODRUN_ENV, "auto"), ({}, "torch"), ({}, "horovod"), ({}, "local")])
+def test_the_launchers_backend_and_no_launcher_are_accepted(environ, backend):
+    from gravac.train.config import check_launcher
+
+    check_launcher(load_config([REPO / "configs/demo.yaml"], [f"run.backend={backend}"]),
+                   environ)
+
+
+def test_torchrun_with_backend_horovod_stops_before_any_run_starts(tmp_path):
+    """Before: two 1-rank Horovod jobs trained into one run folder."""
+    import subprocess
+    import sys
+
+    torchrun = Path(sys.executable).parent / "torchrun"
+    proc = subprocess.run([str(torchrun), "--standalone", "--nproc-per-node", "2", "train.py",
+                           "--config", "configs/demo.yaml", "--set", "run.backend=horovod",
+                           "--set", f"run.output_dir={tmp_path}", "--set", "run.name=r",
+                           "--set", "run.steps=2"],
+                          cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode != 0
+    line = ("config error: run.backend='horovod' does not match torchrun, which started this "
+            "process")
+    assert proc.stderr.count(line) == 2, proc.stdout + proc.stderr
+    assert not (tmp_path / "r").exists()

@@ -160,7 +160,8 @@ def test_summary_rows_have_exact_numbers(four_runs):
 
     s = rows["resnet-static"]  # stopped at step 79: compared with the baseline there
     assert (s["Steps"], s["Wall time (s)"]) == ("79", "40.0")
-    assert (s["Final"], s["Best"], s["Mean samples/s"]) == ("0.4500", "0.4500", "4000.0")
+    assert (s["Final"], s["Best"], s["Mean samples/s"]) == ("did not finish", "0.4500",
+                                                             "4000.0")
     assert s["Floats sent vs dense"] == "0.0100"          # 800 / 80000
     assert s["Speedup vs baseline"] == "4.00x"            # 160 s / 40 s at step 79
     assert s["Comm. saving vs baseline"] == "100.00x"     # 80000 / 800 at step 79
@@ -178,6 +179,21 @@ def test_summary_rows_have_exact_numbers(four_runs):
     assert lstm["Mean samples/s"] == "550.0"
     assert lstm["Speedup vs baseline"] == lstm["Comm. saving vs baseline"] == "—"
     assert "model lstm differs from the baseline's resnet101" in text
+
+
+def test_a_killed_runs_last_evaluation_is_not_shown_as_final(tmp_path):
+    """Issue 37: a run without run_end (killed at step 79) showed its mid-run evaluation
+    as "Final"."""
+    from gravac.report.stats import summarize
+
+    run = load_run(static_run(tmp_path / "static"))
+    row = summarize(run)
+    assert (row.finished, row.final_metric, row.last_eval) == (False, None, (79, 0.45))
+    assert summarize(load_run(dense_run(tmp_path / "dense"))).final_metric == 0.60
+    text = build_report([tmp_path / "static"], out_dir=tmp_path / "out").read_text()
+    assert table_rows(text)["resnet-static"]["Final"] == "did not finish"
+    assert ("- resnet-static: the run did not finish (no run_end record); last evaluation "
+            "at step 79: top1 0.4500.") in text
 
 
 def test_report_lists_runs_decisions_and_images(four_runs):

@@ -127,8 +127,10 @@ def _fake_venv(tmp_path: Path, defer_checks: bool = False) -> tuple[Path, Path]:
     if defer_checks:
         checks = tmp_path / "checks"
         checks.mkdir()
+        # gravac/util/job.py, which runs the launcher, is run for real (it imports no torch)
         (bin_dir / "python").write_text(
-            f'#!/bin/sh\nprintf \'%s\\0\' "$PWD" "$@" > "{checks}/$(ls "{checks}" | wc -l)"\n')
+            f'#!/bin/sh\ncase "$1" in */gravac/util/job.py) exec "{sys.executable}" "$@";; esac\n'
+            f'printf \'%s\\0\' "$PWD" "$@" > "{checks}/$(ls "{checks}" | wc -l)"\n')
     else:
         # a wrapper, not a symlink: a symlinked venv python outside its venv loses its
         # packages (the launchers run the real `train.py --check` with it)
@@ -278,3 +280,76 @@ def test_launchers_check_the_config_before_starting_ranks(script, args, tmp_path
     assert proc.stderr.splitlines()[-1] == ("config error: optimizer.lr=inf: must be a finite "
                                             "number")
     assert not calls.exists()
+
+
+def test_a_series_continues_with_resume_as_its_header_says(tmp_path):
+    """Issue 37: `-- --resume` on a series whose runs had not all started failed each of
+    those with "--resume: no checkpoint". Its horovodrun here is a stand-in that runs the
+    real train.py as one process (run.backend=local) and notes each launch."""
+    import json
+    import shutil
+    import sys
+
+    bin_dir = tmp_path / "venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    launches = tmp_path / "launches.txt"
+    (bin_dir / "python").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    # horovodrun -np N -H HOSTS --gloo PYTHON train.py ARGS -> PYTHON train.py ARGS, local
+    (bin_dir / "horovodrun").write_text(
+        f'#!/bin/sh\nshift 5\necho "$*" >> "{launches}"\n'
+        'exec "$@" --set run.backend=local --set run.progress=never --set run.threads=1\n')
+    for tool in ("python", "horovodrun"):
+        (bin_dir / tool).chmod(0o755)
+    runs = tmp_path / "runs"
+
+    def series(steps: int) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            ["bash", str(REPO / "hvd_scripts/run_accordion.sh"), "configs/demo.yaml", "1", "--",
+             "--set", f"run.output_dir={runs}", "--set", f"run.steps={steps}", "--set",
+             "run.report=false", "--resume"], cwd=REPO, capture_output=True, text=True,
+            timeout=600, env={"PATH": "/usr/bin:/bin", "GRAVAC_VENV": str(tmp_path / "venv")})
+
+    def records(run_dir: Path, kind: str) -> list[dict]:
+        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+        return [r for r in map(json.loads, lines) if r["kind"] == kind]
+
+    def ended_at(run_dir: Path) -> int:
+        return records(run_dir, "run_end")[-1]["step"]
+
+    def launched() -> list[str]:
+        return launches.read_text().splitlines() if launches.exists() else []
+
+    proc = series(2)                     # nothing there yet: the run starts
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "all 1 runs finished" in proc.stderr
+    (run_dir,) = runs.iterdir()
+    assert ended_at(run_dir) == 2 and not launched()[-1].endswith("--resume")
+
+    proc = series(4)                     # a checkpoint, fewer steps than asked: resumed
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert ended_at(run_dir) == 4 and launched()[-1].endswith("--resume")
+    assert len(records(run_dir, "run_start")) == 2          # one run, continued
+
+    proc = series(4)                     # finished the steps asked for: kept, not launched
+    assert proc.returncode == 0 and len(launched()) == 2, proc.stdout + proc.stderr
+    assert "accordion_cnn.yaml: finished earlier, kept" in proc.stderr
+
+    shutil.rmtree(run_dir / "checkpoints")
+    proc = series(3)                     # logged, no checkpoint: started again
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "accordion_cnn.yaml: no checkpoint, started again" in proc.stderr
+    assert ended_at(run_dir) == 3 and launched()[-1].endswith("run.overwrite=true")
+    assert len(records(run_dir, "run_start")) == 1
+
+
+def test_a_ranks_gravac_error_is_the_last_line_after_horovodruns_traceback(tmp_path):
+    """Issue 37: an error inside the ranks (here --resume with nothing to resume, which
+    `train.py --check` cannot see) ended in horovodrun's 25-line traceback; the launch
+    script now prints the ranks' one line after it. A real 2-rank horovodrun job."""
+    proc = bash(str(REPO / "hvd_scripts/run_single_node.sh"), "2", "configs/demo.yaml", "--",
+                "--set", f"run.output_dir={tmp_path}", "--set", "run.name=r", "--resume")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "RuntimeError: Horovod detected that one or more processes exited" in proc.stderr
+    assert proc.stderr.splitlines()[-1] == (
+        f"config error: --resume: no checkpoint in {tmp_path}/r/checkpoints; start without "
+        "--resume, or set run.output_dir/run.name to the run to continue")
