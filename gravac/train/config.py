@@ -53,21 +53,38 @@ class RunConfig:
     # Formatted with {model}, {data}, {controller}, {compressor} and {tag}, so composed
     # files (a model file + a compression file) give each combination its own directory.
     name: str = "{model}-{data}-{tag}"
+    # Free text for {tag} in run.name (a sweep sets it to its run's label).
     tag: str = ""
+    # The folder of the run folders: a run writes output_dir/name.
     output_dir: str = "runs"
+    # Seed of the model's initial weights (rank 0's, broadcast), the data order and the
+    # augmentation (each rank's derived from it).
     seed: int = 0
+    # Length of the run: set exactly one of steps and epochs.
     steps: int | None = None
+    # Length of the run in passes over the training data (each rank its shard).
     epochs: int | None = None
+    # Steps between two evaluations during the run (0: only the final one).
     eval_interval: int = 0
+    # Batches of each rank's evaluation shard an evaluation reads (null: all of them).
     eval_batches: int | None = None
+    # Steps between two checkpoints (0: only at the end; a signal also writes one).
     checkpoint_interval: int = 0
+    # Checkpoints kept in output_dir/name/checkpoints (older ones are removed).
     keep_checkpoints: int = 2
+    # Steps between two records in metrics.jsonl and TensorBoard (the first and the last
+    # step are always recorded).
     log_interval: int = 10
     # Every rank also writes its own step timings to ranks/rank{r}.jsonl (metrics.jsonl has
     # rank 0's): how the ranks differ, for benchmarks/step_profile.py --all-ranks.
     rank_phases: bool = False
+    # Progress on rank 0: "auto" (a bar on a terminal, plain lines in a log), "always"
+    # (the bar), "plain" (the lines), "never".
     progress: str = "auto"
+    # Replace what a previous run left in the run folder (else the run refuses to start;
+    # --resume continues it instead).
     overwrite: bool = False
+    # torch threads per rank (null: the host's cores divided among its ranks).
     threads: int | None = None
     # Keep freed memory for reuse instead of returning it to the kernel each step (glibc
     # mallopt; gravac/util/malloc.py): fresh pages cost page faults in every step.
@@ -82,6 +99,7 @@ class RunConfig:
     # "spin" waits in Horovod's loop, "auto" sleeps where a machine's ranks outnumber its
     # cores and spins elsewhere.
     horovod_wait: str = "auto"
+    # At the end, rank 0 writes report.md (tables and plots of the run) into the run folder.
     report: bool = True
     # The stall watchdog's floor, seconds: a rank gives up (a peer died or hangs) when a step,
     # an evaluation or a checkpoint takes 10x the slowest of its kind so far, never sooner
@@ -94,6 +112,8 @@ class RunConfig:
     # Horovod Elastic (horovodrun --min-np/--max-np --host-discovery-script): ranks may
     # leave and join; the state is committed in memory every elastic_commit_interval steps.
     elastic: bool = False
+    # Steps between two in-memory commits of the training state under run.elastic (a
+    # reset rolls back to the last one).
     elastic_commit_interval: int = 10
     # Transport: "auto" (whichever launched this process: torchrun -> torch, else
     # horovod), "horovod" or "torch" (torch.distributed: gloo on CPU, nccl on GPU).
@@ -109,18 +129,31 @@ class RunConfig:
 
 @dataclass
 class ModelConfig:
+    # A model of gravac.models (MODEL_NAMES): small_cnn, wide_head_cnn, resnet18, resnet50,
+    # resnet101, resnet101_paper, vgg16, vgg16_paper, lstm, lstm_paper.
     name: str = "small_cnn"
+    # Keyword options of the model's constructor (e.g. {embedding_dim: 650} for lstm);
+    # num_classes and the input channels come from the data.
     options: dict = field(default_factory=dict)
 
 
 @dataclass
 class DataConfig:
+    # digits (scikit-learn's, embedded), cifar10, cifar100, ptb (files under data.root),
+    # synthetic_images, synthetic_text (generated, no files).
     name: str = "digits"
+    # The folder of the data set's files (cifar10, cifar100, ptb); never downloaded.
     root: str | None = None
+    # Samples per rank per step (the global batch is this times the number of ranks).
     batch_size: int = 32
+    # Samples per rank per evaluation batch.
     eval_batch_size: int = 256
+    # Random crops and flips of the training images (CIFAR; digits: small shifts).
     augment: bool = True
+    # Tokens per sequence of the language models (truncated backpropagation through time).
     bptt: int = 35
+    # Options of the data set (synthetic sizes, e.g. {num_train: 4096}); unknown ones are
+    # refused in one line listing the known.
     options: dict = field(default_factory=dict)
 
 
@@ -130,13 +163,21 @@ OPTIMIZER_IMPLEMENTATIONS = ("auto", "fused", "foreach", "loop")
 
 @dataclass
 class OptimizerConfig:
+    # The optimizer: sgd (torch.optim.SGD).
     name: str = "sgd"
+    # Learning rate (of the global batch: scale it with the number of ranks yourself).
     lr: float = 0.1
+    # SGD's momentum.
     momentum: float = 0.9
+    # SGD's weight decay (L2).
     weight_decay: float = 0.0
+    # Nesterov momentum.
     nesterov: bool = False
+    # Steps at which the learning rate is multiplied by lr_gamma (MultiStepLR).
     lr_milestones: list[int] = field(default_factory=list)
+    # The factor of each lr_milestones step.
     lr_gamma: float = 0.1
+    # Clip the averaged gradients to this global norm before the update (null: no clipping).
     grad_clip: float | None = None
     # How torch runs the update: "fused" (one kernel per tensor: ~4x faster than the
     # per-tensor loop on CPU; the same update up to rounding in the last bit), "foreach",
@@ -180,9 +221,15 @@ EngineOptionsConfig = dataclasses.make_dataclass("EngineOptionsConfig", [
 
 @dataclass
 class CompressionConfig(EngineOptionsConfig):
+    # What decides the compression: "dense" (no compression: Horovod's optimizer, or DDP
+    # under torchrun), "static" (compression.cf or compression.rank), "gravac", "accordion",
+    # "auto" (a measured choice among methods: compression.auto).
     controller: str = "static"
+    # topk, dgc, redsync, randomk (sparsifiers), powersgd (low rank) or none.
     compressor: str = "topk"
+    # Keyword options of the compressor (e.g. {sample_fraction: 0.01} for dgc).
     compressor_options: dict = field(default_factory=dict)
+    # The static controller's compression factor (100 keeps 1% of each compressed layer).
     cf: float = inspect.signature(Static).parameters["cf"].default
     # PowerSGD only: every compressed layer at this rank instead of compression.cf (Static).
     rank: int | None = inspect.signature(Static).parameters["rank"].default
@@ -190,6 +237,7 @@ class CompressionConfig(EngineOptionsConfig):
     # hook at that rank (what a torchrun user would pick instead of gravac), plain
     # allreduce for the first ddp_start_powersgd_iter steps (PyTorch's default: 1000).
     ddp_powersgd_rank: int | None = None
+    # With ddp_powersgd_rank: the steps of plain allreduce before DDP's PowerSGD starts.
     ddp_start_powersgd_iter: int = 1000
     # How gravac runs (controllers other than dense): "optimizer", its distributed
     # optimizer; "ddp_hook", PyTorch DDP with gravac's communication hook
