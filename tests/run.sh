@@ -31,7 +31,7 @@ if [ "$what" = all ] || [ "$what" = unit ]; then
     # of their own after the first.
     split=(tests/unit/test_configs_dry_run.py
            tests/unit/test_resume_config.py tests/unit/test_train_local.py
-           tests/unit/test_framework_examples.py tests/unit/test_horovod_examples.py)
+           tests/unit/test_scripts.py tests/unit/test_horovod_examples.py)
     unit_a() {
         "$PY" -m pytest "${split[@]}" -q -p no:cacheprovider --junitxml="$results/unit-a.xml"
     }

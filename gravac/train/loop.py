@@ -147,7 +147,8 @@ class Trainer:
         self.total_steps = cfg.run.steps or cfg.run.epochs * self.task.steps_per_epoch
         self.run_dir = Path(cfg.run.output_dir) / cfg.run.name
         self._run_lock = RunDirLock(self.run_dir)    # rank 0 takes it in start()
-        #: Started by run(), stopped after finish()'s final evaluation and checkpoint.
+        #: Watches run() and finish()'s final evaluation and checkpoint; keeps what it
+        #: measured between them.
         self.watchdog = StallWatchdog(cfg.run.stall_timeout, self.rank)
         # None for the plain dense baselines (Horovod's optimizer, DDP); gravac's has one.
         self.controller = self.method.controller(self.opt)
@@ -355,12 +356,12 @@ class Trainer:
         every step on every rank (elastic commits)."""
         cfg, opt, method = self.cfg, self.opt, self.method
         self.model.train()
-        # Kept for finish()'s final evaluation and checkpoint when the run ends well; a
-        # failed run() (an elastic reset: re-rendezvous is not a stall) stops it.
-        watchdog = self.watchdog = StallWatchdog(cfg.run.stall_timeout, self.rank).start()
+        # Watched while training (not between: an elastic reset's re-rendezvous is not a
+        # stall); finish() watches its final evaluation and checkpoint with what this
+        # measured.
+        watchdog = self.watchdog.start()
         samples_per_step = cfg.data.batch_size * self.world
         batches = self.task.batches(self.epoch, self.batch_in_epoch)
-        ended = False
         next_stop_check = self.step + 1     # the first step's time sets the interval
         try:
             while self.step < self.total_steps:
@@ -408,10 +409,8 @@ class Trainer:
                 if after_step is not None:
                     with watchdog.timed(COMMIT):
                         after_step()
-            ended = True
         finally:
-            if not ended:
-                watchdog.stop()
+            watchdog.stop()
 
     def _log_step(self, loss, lr: float, t_iter: float, samples_per_step: int) -> None:
         stats = self.method.step_stats(self.opt, self.step - 1, self.dense_numel)
@@ -460,6 +459,7 @@ class Trainer:
                              "raise run.steps to train on")
         else:
             try:
+                self.watchdog.start()
                 with self.watchdog.timed(EVALUATION):
                     final = self._final = self.evaluate()
                 self._final_at = self.step

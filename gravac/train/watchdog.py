@@ -65,11 +65,16 @@ class StallWatchdog:
         self._slowest: dict[str, float] = {}   # kind -> slowest seen, seconds
         self._beats = 0
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch, name="gravac-stall-watchdog",
-                                        daemon=True)
+        self._thread: threading.Thread | None = None
 
     def start(self) -> "StallWatchdog":
-        if self.timeout_s > 0:
+        """Watch from now (again after ``stop``: what was measured is kept)."""
+        if self.timeout_s > 0 and (self._thread is None or not self._thread.is_alive()):
+            self._since = time.monotonic()
+            self._kind, self._phase = "step", COMPUTE
+            self._stop = threading.Event()
+            self._thread = threading.Thread(target=self._watch, args=(self._stop,),
+                                            name="gravac-stall-watchdog", daemon=True)
             self._thread.start()
         return self
 
@@ -109,6 +114,7 @@ class StallWatchdog:
                        f"run.stall_timeout={self.timeout_s:g}")
 
     def stop(self) -> None:
+        """Stop watching (its thread ends within its poll interval)."""
         self._stop.set()
 
     def _finished(self, kind: str) -> None:
@@ -117,9 +123,9 @@ class StallWatchdog:
         self._slowest[kind] = max(self._slowest.get(kind, 0.0), took)
         self._since = now
 
-    def _watch(self) -> None:
+    def _watch(self, stopped: threading.Event) -> None:
         interval = min(1.0, self.timeout_s / 10)
-        while not self._stop.wait(interval):
+        while not stopped.wait(interval):
             idle = time.monotonic() - self._since
             bound, why = self.bound()
             if idle > bound:

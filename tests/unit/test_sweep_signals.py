@@ -26,7 +26,9 @@ def _stepped(metrics: Path) -> bool:
         return False
 
 
-@pytest.mark.parametrize("launcher", ["horovodrun", "torchrun"])
+# horovodrun: its ranks run in sessions of their own, so stopping the launcher's process
+# group is not enough (torchrun's workers are in its group; the code path is the same).
+@pytest.mark.parametrize("launcher", ["horovodrun"])
 def test_sigterm_to_a_sweep_stops_its_job_and_marks_the_run_interrupted(launcher, tmp_path):
     sweep_file = tmp_path / "s.yaml"
     sweep_file.write_text(yaml.safe_dump({
