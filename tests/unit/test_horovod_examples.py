@@ -8,7 +8,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 HOROVODRUN = str(Path(sys.executable).parent / "horovodrun")
@@ -29,13 +28,11 @@ def run_example(script: str, *args: str) -> dict:
     return result
 
 
-@pytest.mark.parametrize("flags", [
-    ["--fp16-allreduce", "--gradient-predivide-factor", "2"],
-    ["--use-mixed-precision"],                      # synchronize, unscale_, skip_synchronize
-], ids=["fp16_predivide", "amp"])
-def test_mnist_trains_with_gravacs_optimizer(flags):
+def test_mnist_trains_with_gravacs_optimizer():
+    # AMP with Horovod's synchronize/unscale_/skip_synchronize pattern: in the parallel
+    # suites (tests/parallel/test_horovod_patterns.py), on both transports.
     result = run_example("mnist.py", "--epochs", "2", "--lr", "0.05", "--train-samples", "1024",
-                         *flags)
+                         "--fp16-allreduce", "--gradient-predivide-factor", "2")
     assert result["steps"] == 2 * 1024 // 2 // 64
     assert result["test_loss_after"] < result["test_loss_before"], result
     assert result["train_loss_last"] < result["train_loss_first"], result
