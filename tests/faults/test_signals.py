@@ -29,6 +29,15 @@ def _last_step(run_dir: Path) -> int:
     return max(steps, default=0)
 
 
+def _wait_for_step(job: subprocess.Popen, run_dir: Path, step: int) -> None:
+    """Until the running job logged ``step`` (300 s: a guard against a broken set-up, not a
+    speed limit)."""
+    deadline = time.time() + 300
+    while _last_step(run_dir) < step and time.time() < deadline and job.poll() is None:
+        time.sleep(0.2)
+    assert job.poll() is None, job.stdout.read()
+
+
 @pytest.mark.parametrize("launcher", LAUNCHERS)
 def test_sigterm_to_one_rank_checkpoints_on_every_rank_and_resume_continues(tmp_path, launcher):
     """A scheduler's SIGTERM reaching one rank only (rank 1): both ranks stop at the same
@@ -39,10 +48,7 @@ def test_sigterm_to_one_rank_checkpoints_on_every_rank_and_resume_continues(tmp_
                            start_new_session=True, stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT, text=True)
     try:
-        deadline = time.time() + 300     # guard against a broken set-up, not a speed limit
-        while _last_step(run_dir) < 10 and time.time() < deadline and job.poll() is None:
-            time.sleep(0.2)
-        assert job.poll() is None, job.stdout.read()
+        _wait_for_step(job, run_dir, 10)
         pid = rank_pid(f"run.name={name}", 1)
         assert pid is not None, "rank 1 not found"
         os.kill(pid, signal.SIGTERM)
@@ -80,10 +86,7 @@ def test_ctrl_c_to_horovodrun_with_slow_steps_still_leaves_a_checkpoint(tmp_path
                            cwd=REPO, start_new_session=True, stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT, text=True)
     try:
-        deadline = time.time() + 300     # guard against a broken set-up, not a speed limit
-        while _last_step(run_dir) < 3 and time.time() < deadline and job.poll() is None:
-            time.sleep(0.2)
-        assert job.poll() is None, job.stdout.read()
+        _wait_for_step(job, run_dir, 3)
         os.kill(job.pid, signal.SIGINT)                  # horovodrun itself
         job.wait(timeout=300)
         output = job.stdout.read()
