@@ -466,7 +466,8 @@ class StepEngine:
                                 self.options.gradient_predivide_factor)
         if self.options.op == "sum":
             torch._foreach_mul_([l.param.grad for l in self.layers], float(self.comm.size))
-        for layer in self.layers:
+        # (Most steps have neither: no pass over the layers then.)
+        for layer in self.layers if state.frozen or state.sparse else ():
             if layer.name in state.frozen and not layer.param.grad.any():
                 # Zero on every rank alike only when every rank sent zeros: a rank that
                 # did not freeze the layer keeps it trained everywhere.
