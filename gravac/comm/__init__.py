@@ -73,6 +73,20 @@ def detect_backend(environ: Mapping[str, str] | None = None) -> str:
     return "horovod" if importlib.util.find_spec("horovod") is not None else "local"
 
 
+def _check_one_gpu_per_rank(gpus: int) -> None:
+    """Before NCCL starts: this host has a GPU for each of its ranks (torchrun's
+    ``LOCAL_WORLD_SIZE``). Why: NCCL refuses two ranks on one device, and a rank without a
+    GPU of its own fails in ``set_device`` with "invalid device ordinal", which names
+    neither the cause nor the way out (gloo, whose wire is the host)."""
+    ranks = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    if ranks > gpus:
+        raise RuntimeError(
+            f"backend 'torch' on GPUs runs NCCL, which needs one GPU per rank: {ranks} ranks "
+            f"share {gpus} GPU(s) on this host; start at most {gpus} rank(s) per host, or run "
+            "gloo: gravac.comm.init('torch', gpu=False) (in train.py: run.device=cpu, which also "
+            "trains on the CPU)")
+
+
 def init(backend: str = "auto", horovod_cycle_time_ms="auto",
          horovod_wait: str = "auto", elastic: bool = False, gpu: bool | None = None,
          handshake_timeout_s: float = DEFAULT_TIMEOUT_S) -> Comm:
@@ -87,8 +101,9 @@ def init(backend: str = "auto", horovod_cycle_time_ms="auto",
     join a Horovod Elastic job at any time, so no collective may run here: "auto" counts
     the ranks Horovod places on this host instead. ``gpu``: whether this process trains on
     a GPU (torch.distributed then runs nccl on the local rank's GPU, else gloo); None:
-    whenever one is visible. ``handshake_timeout_s``: how long the version handshake waits
-    for every rank to join (not run under ``elastic``, whose workers join at any time)."""
+    whenever one is visible; more ranks on a host than GPUs stop here in one line.
+    ``handshake_timeout_s``: how long the version handshake waits for every rank to join
+    (not run under ``elastic``, whose workers join at any time)."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     if backend == "auto":
@@ -124,6 +139,7 @@ def init(backend: str = "auto", horovod_cycle_time_ms="auto",
                                "WORLD_SIZE in the environment")
         gpu = torch.cuda.is_available() if gpu is None else gpu
         if gpu:
+            _check_one_gpu_per_rank(torch.cuda.device_count())
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
         dist.init_process_group("nccl" if gpu else "gloo")
     comm = TorchDistComm(owns_process_group=started)

@@ -2,8 +2,10 @@
 
 torch.distributed names no collectives: their order is the contract, and gravac issues
 the same collectives in the same order on every rank. Gloo has no average: ``"average"``
-is a sum divided by the group size afterwards, as DDP does. NCCL reduces only GPU tensors:
-CPU tensors (gains, flags) make a round trip to the current CUDA device.
+is a sum divided by the group size afterwards, as DDP does. Every collective runs on one
+wire device, and a tensor elsewhere makes a round trip there (``_on_wire``): NCCL's wire is
+the current CUDA device (it reduces only GPU tensors; gains and flags live on the CPU),
+gloo's is the host, CUDA tensors included.
 
 Example::
 
@@ -66,13 +68,21 @@ class TorchDistComm(Comm):
     def _global(self, rank: int) -> int:
         return rank if self.group is None else dist.get_global_rank(self.group, rank)
 
-    def _on_wire(self, t: torch.Tensor) -> torch.Tensor:
-        return t if t.device == self._wire_device or not self._nccl else t.to(self._wire_device)
+    def _on_wire(self, t: torch.Tensor, copy: bool = False) -> torch.Tensor:
+        """``t`` on the wire device: itself when it is there already (a fresh copy with
+        ``copy``, for a collective that must not write into the caller's tensor), else
+        one copy there.
+
+        Why gloo's wire is the host even for CUDA tensors: gloo's CUDA support differs per
+        collective (some stage through the host, some take no CUDA tensors at all), so a
+        host wire is one predictable path; and two ranks sharing one GPU must run gloo
+        (NCCL refuses two ranks on one device), with CUDA tensors."""
+        return t.to(self._wire_device, copy=copy)
 
     # -- tensors ---------------------------------------------------------------------------
     def allreduce_async(self, tensor, op, name) -> Handle:
         check_op(op)
-        wire = self._on_wire(tensor).clone()
+        wire = self._on_wire(tensor, copy=True)     # one copy, on the device or off it
         work = dist.all_reduce(wire, op=dist.ReduceOp.SUM, group=self.group, async_op=True)
 
         def finish():

@@ -10,7 +10,10 @@ import gravac.comm
 
 #: "horovod" under horovodrun, "torch" under torchrun: every test runs on both.
 BACKEND = gravac.comm.detect_backend()
-COMM = gravac.comm.init(BACKEND)
+#: gloo under torchrun even where a GPU is visible: the suites' tensors are on the CPU, and
+#: the CUDA suite (test_cuda_two_ranks.py) runs 2 ranks on one GPU, which NCCL refuses;
+#: gloo moves CUDA tensors through the host. (Horovod ignores ``gpu``.)
+COMM = gravac.comm.init(BACKEND, gpu=False)
 #: A case whose transport-specific part another case of the same test covers on both
 #: transports (a resume of one more controller: the checkpoint code is the transport's
 #: alike): it runs under torchrun only, to keep the suite's time.
