@@ -8,7 +8,9 @@ Accordion, the shared-index and hierarchical exchanges, overlap): the CUDA param
 residuals equal the CPU ones (residuals exactly where the math is exact: the data has no
 tied magnitudes), every residual and state tensor lives on the GPU, NaN/Inf steps are
 skipped alike, a state dict saved on the GPU resumes on the CPU (map_location="cpu") and
-on the GPU, and a step's host syncs do not grow with the number of layers.
+on the GPU, and a step's host syncs do not grow with the number of layers. The model, the
+variants and the comparisons are tests/cuda_variants.py's, shared with the two-rank suite
+(tests/parallel/test_cuda_two_ranks.py).
 
 Tests of the device helpers run everywhere (CPU tensors, the meta device, dtypes, the
 device-flag path of the NaN/Inf agreement forced on CPU tensors over 4 thread ranks).
@@ -24,7 +26,6 @@ import pytest
 import torch
 
 from gravac.comm.local import LocalComm
-from gravac.controllers import Accordion, GraVAC, Static
 from gravac.engine import step as step_module
 from gravac.engine.codec import SparseCodec, SparseLayer
 from gravac.engine.optimizer import _to_cpu, wrap_optimizer
@@ -33,6 +34,8 @@ from gravac.engine.selection import has_nonfinite, nonfinite_flag
 from gravac.memory import ResidualMemory, follow_devices
 
 from cuda_sync import is_sync_warning
+from cuda_variants import (LOWRANK, REPLAYED, VARIANTS, VOCAB, Net, assert_match, build,
+                           full_fp32_matmuls, replay, residuals, same_stats, set_grads, step_grads)
 from thread_comm import run_ranks
 
 CUDA = torch.cuda.is_available()
@@ -40,179 +43,22 @@ needs_cuda = pytest.mark.skipif(
     not CUDA, reason="needs a CUDA GPU: compares gravac's step on CUDA with the same step on "
                      "the CPU (torch.cuda.is_available() is False here)")
 
-VOCAB, WIDTH = 64, 48
-
-
-class _Net(torch.nn.Module):
-    """An embedding (3072 entries, compressed; sparse gradients), ``hidden`` Linear 48x48
-    (2304, compressed) and a head (480, dense, below min_compress_numel), with biases."""
-
-    def __init__(self, hidden: int = 2):
-        super().__init__()
-        self.emb = torch.nn.Embedding(VOCAB, WIDTH)
-        self.hidden = torch.nn.ModuleList(torch.nn.Linear(WIDTH, WIDTH) for _ in range(hidden))
-        self.head = torch.nn.Linear(WIDTH, 10)
-
-    def forward(self, tokens):
-        x = self.emb(tokens).mean(1)
-        for layer in self.hidden:
-            x = torch.relu(layer(x))
-        return self.head(x)
-
-
-def _gravac(**kw):
-    return GraVAC(theta_min=2, theta_max=8, epsilon=kw.pop("epsilon", 0.3), window=2, **kw)
-
-
-#: name -> the optimizer's options (a fresh controller each time).
-VARIANTS = {
-    "dense": lambda: dict(compressor="none"),
-    "topk": lambda: dict(controller=Static(cf=10)),
-    "topk_fp16_wire": lambda: dict(controller=Static(cf=10), dense_wire="fp16"),
-    "gravac": lambda: dict(controller=_gravac()),
-    "gravac_previous": lambda: dict(controller=_gravac(decide="previous")),
-    "gravac_norm": lambda: dict(controller=_gravac(gain_measure="norm")),
-    "dgc": lambda: dict(compressor="dgc", controller=Static(cf=10)),
-    "randomk": lambda: dict(compressor="randomk", controller=Static(cf=10)),
-    "accordion": lambda: dict(controller=Accordion(low_cf=2, high_cf=8, switch_freq=1,
-                                                   interval_steps=2)),
-    "powersgd": lambda: dict(compressor="powersgd", controller=Static(cf=4)),
-    "powersgd_gravac": lambda: dict(compressor="powersgd", controller=_gravac(epsilon=0.05)),
-    "shared_index": lambda: dict(controller=Static(cf=10), exchange="shared_index"),
-    "shared_index_gravac": lambda: dict(controller=_gravac(), exchange="shared_index"),
-    "shared_index_randomk": lambda: dict(compressor="randomk", controller=Static(cf=10),
-                                         exchange="shared_index"),
-    "hierarchical": lambda: dict(controller=Static(cf=10), exchange="hierarchical"),
-    "overlap": lambda: dict(controller=Static(cf=10), overlap=True, bucket_cap_mb=0.01),
-    "overlap_gravac": lambda: dict(controller=_gravac(decide="previous"), overlap=True,
-                                   bucket_cap_mb=0.01),
-}
-LOWRANK = ("powersgd", "powersgd_gravac")
-#: Compressors that draw on the tensor's device (a CUDA generator draws other numbers than
-#: a CPU one from the same seed): the CPU run replays the GPU's picks (``_replay``).
-REPLAYED = ("dgc", "randomk", "shared_index_randomk")
-
 
 def _build(device, variant: str, hidden: int = 2, model=None, **overrides):
-    if model is None:
-        torch.manual_seed(0)
-        model = _Net(hidden).to(device)
-    sgd = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    opt = wrap_optimizer(sgd, model.named_parameters(), LocalComm(),
-                         **{**VARIANTS[variant](), **overrides})
-    return model, opt
-
-
-def _grads(model, step: int, bad: tuple[str, float] | None = None) -> dict:
-    """Gradients of ``step`` on the CPU, fp32, continuous random values (no ties); the
-    embedding's sparse (16 of 64 rows), as ``Embedding(sparse=True)`` makes them."""
-    g = torch.Generator().manual_seed(100 + step)
-    out = {}
-    for name, p in model.named_parameters():
-        if name == "emb.weight":
-            rows = torch.randperm(VOCAB, generator=g)[:16].sort().values
-            values = torch.randn(16, WIDTH, generator=g)
-            out[name] = torch.sparse_coo_tensor(rows[None], values, (VOCAB, WIDTH),
-                                                check_invariants=True).coalesce()
-        else:
-            out[name] = torch.randn(tuple(p.shape), generator=g)
-    if bad is not None:
-        out[bad[0]].view(-1)[3] = bad[1]
-    return out
-
-
-def _set_grads(model, grads: dict) -> None:
-    for name, p in model.named_parameters():
-        p.grad = grads[name].to(p.device)
+    return build(device, variant, LocalComm(), hidden, model, **overrides)
 
 
 def _step(model, opt, step: int, bad=None):
-    _set_grads(model, _grads(model, step, bad))
+    set_grads(model, step_grads(model, step, bad))
     opt.step()
     return opt.last_stats
-
-
-def _residuals(opt) -> dict:
-    return {name: opt.memory[name] for name in opt.memory.names()}
-
-
-def _assert_match(cpu, gpu, exact: bool, what: str) -> None:
-    """CUDA results (``gpu``: model, optimizer) against the CPU's: residuals bitwise when
-    ``exact`` (error feedback and sparse aggregation are exact), else to fp32 rounding
-    (PowerSGD's matmuls sum in another order); parameters and momentum to fp32 rounding
-    (the update may fuse a multiply-add on the GPU)."""
-    (cpu_model, cpu_opt), (gpu_model, gpu_opt) = cpu, gpu
-    res_tol = dict(rtol=0, atol=0) if exact else dict(rtol=1e-4, atol=1e-5)
-    cpu_res, gpu_res = _residuals(cpu_opt), _residuals(gpu_opt)
-    assert sorted(cpu_res) == sorted(gpu_res), what
-    for name, res in gpu_res.items():
-        assert res.is_cuda, f"{what}: residual {name} on {res.device}"
-        torch.testing.assert_close(res.cpu(), cpu_res[name], **res_tol,
-                                   msg=lambda m, n=name: f"{what}: residual {n}: {m}")
-    tol = dict(rtol=1e-6, atol=1e-6) if exact else dict(rtol=1e-4, atol=1e-5)
-    for (name, a), (_, b) in zip(cpu_model.named_parameters(), gpu_model.named_parameters()):
-        assert b.is_cuda and b.grad.is_cuda, f"{what}: {name}"
-        torch.testing.assert_close(b.detach().cpu(), a.detach(), **tol,
-                                   msg=lambda m, n=name: f"{what}: parameter {n}: {m}")
-        buf_a = cpu_opt.state[a].get("momentum_buffer")
-        buf_b = gpu_opt.state[b].get("momentum_buffer")
-        assert (buf_a is None) == (buf_b is None), f"{what}: {name}"
-        if buf_b is not None:
-            assert buf_b.is_cuda
-            torch.testing.assert_close(buf_b.cpu(), buf_a, **tol)
-    for name, q in gpu_opt.compressor.state_dict().get("q", {}).items():
-        assert q.is_cuda, f"{what}: PowerSGD Q of {name} on {q.device}"
-    for name, acc in gpu_opt.controller.state_dict().get("accumulators", {}).items():
-        assert acc.is_cuda, f"{what}: Accordion's accumulator of {name} on {acc.device}"
-    for name, spare in gpu_opt.memory._spares.items():
-        assert spare.is_cuda, f"{what}: the spare residual buffer of {name} on {spare.device}"
-
-
-def _same_stats(a, b, what: str, same_buffers: bool = True) -> None:
-    """The same step record (gains to fp32 rounding); ``same_buffers``: the same wire
-    buffers too (not so with overlap's buckets against the plain step: a header each)."""
-    assert (a.sent, a.cf, a.theta_min, a.theta_c, a.sparse_layers, a.values_sent,
-            a.floats_sent, a.nonfinite_ranks) == \
-        (b.sent, b.cf, b.theta_min, b.theta_c, b.sparse_layers, b.values_sent,
-         b.floats_sent, b.nonfinite_ranks), what
-    if same_buffers:
-        assert a.bytes_sent == b.bytes_sent, what
-    for gain in ("gain_min", "gain_c"):
-        x, y = getattr(a, gain), getattr(b, gain)
-        assert (x is None) == (y is None), what
-        if x is not None:
-            assert abs(x - y) <= 1e-5 * max(1.0, abs(x)), f"{what}: {gain} {x} vs {y}"
 
 
 @pytest.fixture
 def ieee_fp32():
     """fp32 matmuls in full precision (no TF32) while a test compares with the CPU."""
-    old = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("highest")
-    yield
-    torch.set_float32_matmul_precision(old)
-
-
-def _replay(gpu_opt, cpu_opt) -> list:
-    """The CPU optimizer's compressor returns the indices the GPU's picked, call by call
-    (the GPU's step must run first): the engines are compared on the same selections.
-    Returns the queue of picks not yet replayed."""
-    picks = []
-    gpu_select = gpu_opt.compressor.select
-
-    def recording(x, k, ctx=None):
-        idx = gpu_select(x, k, ctx)
-        picks.append(idx.cpu())
-        return idx
-
-    def replaying(x, k, ctx=None):
-        assert picks, "the CPU step selected more often than the GPU step"
-        idx = picks.pop(0)
-        assert idx.numel() <= min(k, x.numel()) and idx.device == x.device
-        return idx
-    gpu_opt.compressor.select = recording
-    cpu_opt.compressor.select = replaying
-    return picks
+    with full_fp32_matmuls():
+        yield
 
 
 # -- CPU versus CUDA ----------------------------------------------------------------------
@@ -220,14 +66,31 @@ def _replay(gpu_opt, cpu_opt) -> list:
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_cuda_step_equals_the_cpu_step(variant, ieee_fp32):
     cpu, gpu = _build("cpu", variant), _build("cuda", variant)
-    picks = _replay(gpu[1], cpu[1]) if variant in REPLAYED else []
+    picks = replay(gpu[1], cpu[1]) if variant in REPLAYED else []
     for step in range(4):
         b = _step(*gpu, step)
         a = _step(*cpu, step)
-        _same_stats(a, b, f"{variant} step {step}")
+        same_stats(a, b, f"{variant} step {step}")
         assert b.t_compress is not None and b.t_compress >= 0 and b.t_comm >= 0
     assert picks == [], f"{variant}: the GPU step selected more often than the CPU step"
-    _assert_match(cpu, gpu, exact=variant not in LOWRANK, what=variant)
+    assert_match(cpu, gpu, exact=variant not in LOWRANK, what=variant)
+
+
+@needs_cuda
+@pytest.mark.parametrize("variant", ["topk", "gravac", "shared_index", "overlap"])
+def test_cuda_step_with_many_layers_equals_the_cpu_step(variant, ieee_fp32):
+    """Enough compressed layers for the GPU's batched paths (``FLAT_UPDATE_MIN_LAYERS``:
+    the residuals of all layers updated by one launch over their flat buffer; and a NaN
+    step rolled back through it): the same residuals as the CPU's layer-by-layer ones."""
+    from gravac.memory import FLAT_UPDATE_MIN_LAYERS
+    hidden = FLAT_UPDATE_MIN_LAYERS + 2
+    cpu, gpu = _build("cpu", variant, hidden), _build("cuda", variant, hidden)
+    for step in range(5):
+        bad = ("hidden.3.weight", float("nan")) if step == 2 else None
+        b = _step(*gpu, step, bad)
+        a = _step(*cpu, step, bad)
+        same_stats(a, b, f"{variant} step {step}")
+    assert_match(cpu, gpu, exact=True, what=f"{variant}, {hidden} hidden layers")
 
 
 @needs_cuda
@@ -247,9 +110,9 @@ def test_cuda_nonfinite_step_is_skipped_like_on_the_cpu(variant, where, value, i
     for step in range(3):
         bad = (where, value) if step == 1 else None
         a, b = _step(*cpu, step, bad), _step(*gpu, step, bad)
-        _same_stats(a, b, f"{variant} step {step}")
+        same_stats(a, b, f"{variant} step {step}")
         assert b.skipped == (step == 1) and b.nonfinite_ranks == ([0] if step == 1 else [])
-    _assert_match(cpu, gpu, exact=variant not in LOWRANK, what=variant)
+    assert_match(cpu, gpu, exact=variant not in LOWRANK, what=variant)
 
 
 @needs_cuda
@@ -271,7 +134,7 @@ def test_cuda_state_dict_resumes_on_cpu_and_on_cuda(variant, ieee_fp32):
         m.load_state_dict(state["model"])
         o.load_state_dict(state["opt"])
         assert o.step_count == 3
-        for name, res in _residuals(o).items():
+        for name, res in residuals(o).items():
             assert res.device.type == device, f"residual {name} on {res.device}"
         for name, q in o.compressor.state_dict().get("q", {}).items():
             assert q.device.type == device, f"Q of {name} on {q.device}"
@@ -287,11 +150,11 @@ def test_cuda_state_dict_resumes_on_cpu_and_on_cuda(variant, ieee_fp32):
         resumed[label] = (m, o)
     stats = {key: _step(*pair, 3) for key, pair in
              (("orig", (model, opt)), ("cpu", resumed["cpu"]), ("gpu", resumed["gpu"]))}
-    _same_stats(stats["orig"], stats["gpu"], f"{variant} resumed on cuda")
-    _same_stats(stats["orig"], stats["cpu"], f"{variant} resumed on cpu")
+    same_stats(stats["orig"], stats["gpu"], f"{variant} resumed on cuda")
+    same_stats(stats["orig"], stats["cpu"], f"{variant} resumed on cpu")
     exact = variant not in LOWRANK
-    _assert_match(resumed["cpu"], (model, opt), exact=exact, what=f"{variant} (cpu resume)")
-    _assert_match(resumed["cpu"], resumed["gpu"], exact=exact, what=f"{variant} (cuda resume)")
+    assert_match(resumed["cpu"], (model, opt), exact=exact, what=f"{variant} (cpu resume)")
+    assert_match(resumed["cpu"], resumed["gpu"], exact=exact, what=f"{variant} (cuda resume)")
     _assert_match_cuda((model, opt), resumed["gpu"], exact=exact)
 
 
@@ -303,7 +166,7 @@ def test_cuda_overlap_hooks_match_the_plain_cuda_step(variant, ieee_fp32):
     the gradients backward produced (captured by hooks that run before gravac's), ends
     with the same residuals and parameters."""
     torch.manual_seed(0)
-    model = _Net().cuda()
+    model = Net().cuda()
     captured = {}
     for name, p in model.named_parameters():
         p.register_post_accumulate_grad_hook(
@@ -320,9 +183,9 @@ def test_cuda_overlap_hooks_match_the_plain_cuda_step(variant, ieee_fp32):
         torch.nn.functional.mse_loss(model(tokens), target).backward()
         assert sorted(captured) == sorted(n for n, _ in model.named_parameters())
         opt.step()
-        _set_grads(plain[0], captured)
+        set_grads(plain[0], captured)
         plain[1].step()
-        _same_stats(plain[1].last_stats, opt.last_stats, f"{variant} step {step}",
+        same_stats(plain[1].last_stats, opt.last_stats, f"{variant} step {step}",
                     same_buffers=False)
         assert not opt.last_stats.skipped
     _assert_match_cuda(plain, (model, opt))
@@ -335,7 +198,7 @@ def _assert_match_cuda(a, b, exact: bool = True) -> None:
     on the same data) and parameters."""
     for (name, x), (_, y) in zip(a[0].named_parameters(), b[0].named_parameters()):
         torch.testing.assert_close(y, x, rtol=1e-6, atol=1e-7, msg=lambda m, n=name: f"{n}: {m}")
-    res_a, res_b = _residuals(a[1]), _residuals(b[1])
+    res_a, res_b = residuals(a[1]), residuals(b[1])
     assert sorted(res_a) == sorted(res_b)
     for name, res in res_b.items():
         assert res.is_cuda
@@ -372,7 +235,7 @@ def _sync_sites(variant: str, hidden: int, steps: int = 3) -> list[list[str]]:
     _step(model, opt, 0)
     per_step = []
     for step in range(1, steps):
-        _set_grads(model, _grads(model, step))
+        set_grads(model, step_grads(model, step))
         torch.cuda.synchronize()
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -461,7 +324,7 @@ def test_engine_state_loads_onto_the_parameters_device():
         states[variant] = copy.deepcopy(opt.state_dict())
         model, opt = _build("meta", variant)
         opt._engine.load_state_dict(states[variant]["gravac"])
-        for name, res in _residuals(opt).items():
+        for name, res in residuals(opt).items():
             assert res.device.type == "meta", name
         for name, q in opt.compressor.state_dict().get("q", {}).items():
             assert q.device.type == "meta", name
@@ -525,7 +388,7 @@ def _thread_run(variant: str, bad_at: tuple[str, int]) -> list:
     """4 thread ranks, 3 steps, a NaN on one rank at step 1: per rank, the stats and the
     parameters and residuals after each step."""
     torch.manual_seed(0)
-    base = _Net()
+    base = Net()
 
     def body(comm):
         model = copy.deepcopy(base)
@@ -533,14 +396,14 @@ def _thread_run(variant: str, bad_at: tuple[str, int]) -> list:
                              model.named_parameters(), comm, **VARIANTS[variant]())
         out = []
         for step in range(3):
-            grads = _grads(model, 10 * step + comm.rank)
+            grads = step_grads(model, 10 * step + comm.rank)
             if step == 1 and comm.rank == bad_at[1]:
                 grads[bad_at[0]].view(-1)[3] = float("nan")
-            _set_grads(model, grads)
+            set_grads(model, grads)
             opt.step()
             out.append((opt.last_stats.sent, opt.last_stats.nonfinite_ranks,
                         [p.detach().clone() for p in model.parameters()],
-                        {n: r.clone() for n, r in _residuals(opt).items()}))
+                        {n: r.clone() for n, r in residuals(opt).items()}))
         return out
     return run_ranks(N, body)
 
