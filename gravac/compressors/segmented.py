@@ -34,6 +34,8 @@ import math
 
 import torch
 
+from ..util.segments import repeat_by_counts
+
 #: Sample entries per layer for its threshold (a row of the batched sort).
 SAMPLE = 4096
 _MAG_BITS = 31
@@ -86,7 +88,7 @@ def segmented_topk(xs: list[torch.Tensor], ks: list[int], seed: int = 0,
     ordered = sample.sort(dim=1, descending=True).values
     thresholds = ordered.gather(1, rank_t[:, :1]).view(-1) * rank_t[:, 1]
     # 3. candidates: entries at or above their layer's threshold
-    spread = thresholds.repeat_interleave(size_t, output_size=total)
+    spread = repeat_by_counts(thresholds, size_t, total)
     candidates = torch.ge(mags, spread).nonzero().view(-1)                 # sync 1
     # 4. candidates per layer: enough everywhere?
     layer_of = torch.searchsorted(offset_t, candidates, right=True) - 1
@@ -105,8 +107,7 @@ def segmented_topk(xs: list[torch.Tensor], ks: list[int], seed: int = 0,
     shift = torch.tensor([r - t for r, t in zip(run_start, take_start)],
                          dtype=torch.int64).to(device, non_blocking=True)
     k_t = torch.tensor(ks, dtype=torch.int64).to(device, non_blocking=True)
-    rank_pos = shift.repeat_interleave(k_t, output_size=kept) \
-        + torch.arange(kept, device=device)
+    rank_pos = repeat_by_counts(shift, k_t, kept) + torch.arange(kept, device=device)
     chosen = candidates.index_select(0, order.index_select(0, rank_pos))
-    local = chosen - offset_t.repeat_interleave(k_t, output_size=kept)
+    local = chosen - repeat_by_counts(offset_t, k_t, kept)
     return list(local.split(ks))

@@ -3,7 +3,7 @@
 A layer's index set is ascending, so an index is (its block, its place in the block): with
 blocks of 2^L entries, the low L bits of every index go in 1 or 2 bytes each, and the high
 part as one count per block (how many indices fall in it). Every rank rebuilds the same
-ascending indices from those counts (``repeat_interleave``) and low bits, so nothing is
+ascending indices from those counts (``repeat_by_counts``) and low bits, so nothing is
 lost. At CF 10 an index costs ~1.08 bytes with L = 8 instead of 4 (int32); at CF 1000,
 ~2.06 with L = 16. The size of a field depends only on the layer's size and the most
 indices it may hold, so every rank computes the same layout without a round
@@ -32,10 +32,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..util.segments import repeat_by_counts
 from ..util.sizes import index_field_blocks, index_field_layout, pad8, raw_index_bytes
 
 #: low_bits -> (dtype of a block count, dtype of a low part): the dtypes of
-#: ``sizes.INDEX_FIELD_PARTS``' byte sizes (signed: the block counts feed repeat_interleave,
+#: ``sizes.INDEX_FIELD_PARTS``' byte sizes (signed: the block counts feed repeat_by_counts,
 #: a low int16 is masked back to 16 bits when decoded).
 _PARTS = {8: (torch.int16, torch.uint8), 16: (torch.int32, torch.int16)}
 _RAW_DTYPES = {4: torch.int32, 8: torch.int64}
@@ -107,7 +108,10 @@ def encode(field: IndexField, idx: torch.Tensor, out: torch.Tensor) -> None:
         # int16 takes 32768..65535 as their two's complement; decode masks them back.
         low_out.numpy()[:] = (x & ((1 << bits) - 1)).astype(low_out.numpy().dtype)
         return
-    counts_out.copy_(torch.bincount(idx >> bits, minlength=blocks))
+    # Not torch.bincount: on a GPU it reads the largest value back to the host (a sync
+    # per layer); the blocks are known, and integer adds are exact in any order.
+    per_block = torch.zeros(blocks, dtype=torch.int64, device=idx.device)
+    counts_out.copy_(per_block.index_add_(0, idx >> bits, torch.ones_like(idx)))
     low_out.copy_(idx & ((1 << bits) - 1))
 
 
@@ -140,6 +144,6 @@ def decode(field: IndexField, data: torch.Tensor, count: int,
         o += np.repeat(np.arange(blocks, dtype=o.dtype) << bits, counts)
         return result
     starts = torch.arange(blocks, dtype=torch.int64, device=data.device) << bits
-    high = torch.repeat_interleave(starts, per_block.to(torch.int64), output_size=count)
+    high = repeat_by_counts(starts, per_block.to(torch.int64), count)
     decoded = high + (low.to(torch.int64) & mask)
     return decoded if out is None else out.copy_(decoded)

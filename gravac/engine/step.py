@@ -481,7 +481,7 @@ class StepEngine:
         """Send ``selections`` at ``level``: what the exchange sends of each, the residual
         keeping the rest; on a dense decision g_ef goes whole (into ``dense``)."""
         if level != SENT_DENSE:
-            sent = [self.exchange.settle(self.memory, s, level) for s in selections]
+            sent = self.exchange.settle(self.memory, selections, level)
         else:
             sent = []
             for s in selections:

@@ -27,6 +27,52 @@ def test_feedback_of_all_layers_at_once_equals_one_by_one():
         grads = [t * -0.5 for t in grads]
 
 
+def test_the_residuals_of_all_layers_updated_at_once_equal_one_by_one(monkeypatch):
+    """update_sparse over one flat buffer (the GPU's path, forced here with batched=True):
+    the same residuals bit for bit as update() per layer, through rollbacks, a layer held
+    (frozen), a layer flushed dense, a state dict loaded mid-way; and the path is taken."""
+    from gravac import memory as memory_module
+
+    g = torch.Generator().manual_seed(2)
+    sizes = (40, 7, 300, 12, 64, 5, 90, 33, 18, 250) * (
+        memory_module.FLAT_UPDATE_MIN_LAYERS // 10 + 1)          # enough for the flat path
+    names = [f"l{i}" for i in range(len(sizes))]
+    one, many = ResidualMemory(), ResidualMemory()
+    index_adds = []
+    real_index_add = torch.Tensor.index_add_
+    monkeypatch.setattr(torch.Tensor, "index_add_", lambda self, *a, **k: (
+        index_adds.append(self.numel()), real_index_add(self, *a, **k))[1])
+    for step in range(8):
+        grads = [torch.randn(n, generator=g) for n in sizes]
+        held = {"l3"} if step in (4, 5) else set()
+        flushed = "l6" if step == 2 else None
+        picks = [torch.randperm(n, generator=g)[:max(1, n // 4)] for n in sizes]
+        for mem, batched in ((one, False), (many, True)):
+            mem.begin_step(held=held)
+            index_adds.clear()
+            live = [i for i, n in enumerate(names) if n != flushed]
+            if flushed:
+                mem.flush_into(flushed, grads[names.index(flushed)].clone())
+            g_efs = mem.compensate_all([names[i] for i in live], [grads[i] for i in live],
+                                       batched=batched)
+            sents = [SparseSent(picks[i], g_ef[picks[i]]) for i, g_ef in zip(live, g_efs)]
+            if batched:
+                mem.update_sparse([names[i] for i in live], g_efs, sents)
+                if step > 0 and not held:   # one launch over the flat buffer of them all
+                    assert index_adds == [sum(sizes)], (step, index_adds)
+            else:
+                for i, g_ef, sent in zip(live, g_efs, sents):
+                    mem.update(names[i], g_ef, sent)
+            if step in (1, 5):
+                mem.rollback_step()
+        assert all(torch.equal(one[n], many[n]) for n in names), step
+        if step == 3:     # a resume: separate tensors again, made flat at the next step
+            state = one.state_dict()
+            one.load_state_dict(state)
+            many.load_state_dict(state)
+    assert memory_module._views_of_one([many._spares[n] for n in names]) is not None
+
+
 def test_one_flat_sum_equals_the_per_layer_sums():
     """Two ranks' chunks with overlapping picks: summed, divided, written per layer."""
     g = torch.Generator().manual_seed(1)

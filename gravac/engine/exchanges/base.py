@@ -15,8 +15,8 @@ Per step, in this order, on every rank:
 4. ``select(fed, step, clock)``: ``(selections, bytes)`` from ``(layer, g_ef, level_min,
    level_c)``, with the rounds the selection needs (``t_wait_select``);
 5. ``gain_rows(selections, measure)``: each layer's [sent², candidate², whole²] row;
-6. ``settle(memory, selection, level)``: what the level sends (a ``SentLayer``), the
-   residual updated unless the exchange updates it after unpacking (low rank);
+6. ``settle(memory, selections, level)``: what the level sends of each (``SentLayer``s),
+   the residuals updated unless the exchange updates them after unpacking (low rank);
 7. ``start(sent, dense, tag, flags)``: the collectives of a bucket, a ``Pending``;
 8. ``end(clock)``: work after every bucket was unpacked (the hierarchical host share).
 
@@ -195,12 +195,16 @@ class Exchange:
     def gain_rows(self, selections, measure: str) -> list[torch.Tensor]:
         return gain_rows(selections, measure)
 
-    def settle(self, memory: ResidualMemory, sel: Selection, level: str) -> SentLayer:
-        idx, val = (sel.idx_c, sel.val_c) if level == SENT_CANDIDATE else (sel.idx_min, sel.val_min)
-        # val is a copy (gathered), so g_ef's buffer may now become the residual.
-        memory.update(sel.layer.name, sel.g_ef, SparseSent(idx, val))
-        n = int(val.numel())
-        return SentLayer(sel.layer, val, idx, n, n)
+    def settle(self, memory: ResidualMemory, selections: Sequence[Selection],
+               level: str) -> list[SentLayer]:
+        picks = [SparseSent(s.idx_c, s.val_c) if level == SENT_CANDIDATE
+                 else SparseSent(s.idx_min, s.val_min) for s in selections]
+        # The values are copies (gathered), so g_ef's buffer may now become the residual;
+        # all layers' residuals at once (one launch on a GPU, ``update_sparse``).
+        memory.update_sparse([s.layer.name for s in selections], [s.g_ef for s in selections],
+                             picks)
+        return [SentLayer(s.layer, val, idx, int(val.numel()), int(val.numel()))
+                for s, (idx, val) in zip(selections, picks)]
 
     def start(self, sent: list[SentLayer], dense: list[Layer], tag: str = "",
               flags: torch.Tensor | None = None, same_size: bool = False) -> Pending:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ...compressors.powersgd import orthogonalize_
+from ...compressors.powersgd import orthogonalize_all_
 from ...controllers import SENT_CANDIDATE
 from ...util.sizes import matrix_shape, rank_for_cf
 from ..layers import Layer
@@ -86,8 +86,8 @@ class LowRankExchange(Exchange):
         for handle in handles:
             handle.wait()
         clock.lap("t_wait_select", sync=True)
+        orthogonalize_all_([w.p for w in work])     # batched on a GPU: few launches
         for w in work:
-            orthogonalize_(w.p)
             w.q_local = w.g_ef.view(w.rows, w.cols).t() @ w.p
         clock.lap("t_select")
         return work, nbytes
@@ -107,12 +107,15 @@ class LowRankExchange(Exchange):
                                          _sq(w.layer.param.grad)]).double().sqrt())
         return rows
 
-    def settle(self, memory, w: Factors, level: str) -> SentLayer:
+    def settle(self, memory, factors: list[Factors], level: str) -> list[SentLayer]:
         # The residual needs M̂, known after the exchange: updated in unpack.
-        r = w.r_c if level == SENT_CANDIDATE else w.r_min
-        w.q_sent = w.q_local if r == w.q_local.shape[1] else w.q_local[:, :r].contiguous()
-        return SentLayer(w.layer, w.q_sent, None, w.select_floats + w.cols * r, 0,
-                         state=(w, memory))
+        sent = []
+        for w in factors:
+            r = w.r_c if level == SENT_CANDIDATE else w.r_min
+            w.q_sent = w.q_local if r == w.q_local.shape[1] else w.q_local[:, :r].contiguous()
+            sent.append(SentLayer(w.layer, w.q_sent, None, w.select_floats + w.cols * r, 0,
+                                  state=(w, memory)))
+        return sent
 
     def start(self, sent: list[SentLayer], dense: list[Layer], tag: str = "",
               flags: torch.Tensor | None = None, same_size: bool = False) -> Pending:

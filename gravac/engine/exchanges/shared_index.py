@@ -85,9 +85,10 @@ class SharedIndexExchange(Exchange):
         clock.lap("t_select")
         return selections, nbytes
 
-    def settle(self, memory, sel: Selection, level: str) -> SentLayer:
-        sent = super().settle(memory, sel, level)
-        sent.index_floats = 0       # the indices travel once, from the leader
+    def settle(self, memory, selections: list[Selection], level: str) -> list[SentLayer]:
+        sent = super().settle(memory, selections, level)
+        for s in sent:
+            s.index_floats = 0      # the indices travel once, from the leader
         return sent
 
     def start(self, sent: list[SentLayer], dense: list[Layer], tag: str = "",

@@ -1,0 +1,38 @@
+"""Each value repeated a count of times, as ``torch.repeat_interleave`` does, in kernels
+whose work is spread over the output.
+
+Why not ``repeat_interleave`` on a GPU: its CUDA kernel gives each *value* one thread,
+which writes that value's whole run alone. For few long runs that is a serial loop: on an
+H200, spreading the LSTM's 10 layer offsets over 5.1M selected indices took 0.3-0.65 ms a
+call and ResNet-101's 161 per-layer thresholds over its 42.5M entries about 1 ms a step
+(docs/BENCHMARKS.md §7c). Here the output is a gather by a segment number that one
+``cumsum`` over the output computes: every kernel runs one thread per output entry.
+
+Example::
+
+    repeat_by_counts(torch.tensor([7, 8, 9]), torch.tensor([2, 0, 3]), total=5)
+    # tensor([7, 7, 9, 9, 9])
+"""
+from __future__ import annotations
+
+import torch
+
+
+def repeat_by_counts(values: torch.Tensor, counts: torch.Tensor, total: int) -> torch.Tensor:
+    """``values.repeat_interleave(counts, output_size=total)`` for a 1-D ``values`` and
+    non-negative int64 ``counts`` on its device that add up to ``total`` (the caller knows
+    it: no host sync). Zero counts are allowed (their value does not appear)."""
+    if values.device.type == "cpu":
+        return values.repeat_interleave(counts, output_size=total)  # no such cost there
+    return repeat_by_cumsum(values, counts, total)
+
+
+def repeat_by_cumsum(values: torch.Tensor, counts: torch.Tensor, total: int) -> torch.Tensor:
+    """``repeat_by_counts``'s GPU path, on any device (the tests run it on the CPU)."""
+    # Entry e belongs to segment s when s segment ends are <= e: mark each end (two
+    # segments may end at one place: empty ones), a running sum counts them.
+    ends = torch.cumsum(counts, 0)
+    marks = torch.zeros(total + 1, dtype=torch.int64, device=values.device)
+    marks.index_add_(0, ends, torch.ones_like(ends))
+    segment = torch.cumsum(marks[:total], 0)
+    return values.index_select(0, segment)
