@@ -78,6 +78,65 @@ def orthogonalize_(p: torch.Tensor) -> torch.Tensor:
     return p
 
 
+#: From this many matrices of one rank (and dtype, device) on a GPU, ``orthogonalize_all_``
+#: runs the Gram-Schmidt of them together. Why: column by column each matrix costs ~10
+#: launches per column; ResNet-101's 161 layers at rank 4 made ~7,000 launches a step and
+#: PowerSGD's step took 100 ms on an H200 whose kernels were busy for 6 of them.
+BATCH_MIN_MATRICES = 2
+
+
+def orthogonalize_all_(ps: list[torch.Tensor], batched: bool | None = None) -> None:
+    """``orthogonalize_`` of each matrix in ``ps`` (rows x r each), in place. On a GPU
+    (``batched`` None; True forces it), matrices of one rank, dtype and device go through
+    one batched Gram-Schmidt: stacked into a zero-padded (count, most rows, r) tensor, the
+    same projections (twice), norms and zero-column rule per matrix as ``orthogonalize_``,
+    the padding rows staying zero, then copied back. The same math in another summation
+    order: equal to ``orthogonalize_`` to float rounding, and column j still depends on
+    columns 0..j only (the prefix property GraVAC's levels use)."""
+    if batched is None:
+        batched = bool(ps) and ps[0].device.type != "cpu"
+    groups: dict[tuple, list[torch.Tensor]] = {}
+    for p in ps:
+        if p.dim() != 2:
+            raise ValueError(f"orthogonalize_ expects a matrix, got shape {tuple(p.shape)}")
+        groups.setdefault((p.shape[1], p.dtype, p.device), []).append(p)
+    for group in groups.values():
+        if not batched or len(group) < BATCH_MIN_MATRICES or not all(
+                p.is_contiguous() for p in group):
+            for p in group:
+                orthogonalize_(p)
+            continue
+        _orthogonalize_batch_(group)
+
+
+def _orthogonalize_batch_(group: list[torch.Tensor]) -> None:
+    p0 = group[0]
+    if p0.dtype not in (torch.float32, torch.float64):
+        raise ValueError(f"orthogonalize_ needs float32 or float64 (compute fp16/bf16 factors in "
+                         f"float32: compute_dtype), got {p0.dtype}")
+    r = p0.shape[1]
+    batch = torch.zeros(len(group), max(p.shape[0] for p in group), r, dtype=p0.dtype,
+                        device=p0.device)
+    slots = [batch[i, :p.shape[0]] for i, p in enumerate(group)]   # contiguous views
+    torch._foreach_copy_(slots, group)
+    tiny = torch.finfo(p0.dtype).tiny
+    rel = 64 * torch.finfo(p0.dtype).eps
+    for j in range(r):
+        col = batch[:, :, j:j + 1]                                   # (count, rows, 1)
+        if j:
+            before = torch.linalg.vector_norm(col, dim=1, keepdim=True)
+            done = batch[:, :, :j]
+            for _ in range(2):
+                col -= torch.bmm(done, torch.bmm(done.transpose(1, 2), col))
+            norm = torch.linalg.vector_norm(col, dim=1, keepdim=True)
+            keep = norm > rel * before
+        else:
+            norm = torch.linalg.vector_norm(col, dim=1, keepdim=True)
+            keep = norm > 0
+        col.mul_(torch.where(keep, 1.0 / norm.clamp_min(tiny), torch.zeros_like(norm)))
+    torch._foreach_copy_(group, slots)
+
+
 class PowerSGD(Compressor):
     """Low-rank compressor kind: keeps each layer's warm-start Q and the rank rules.
 

@@ -6,7 +6,7 @@ import torch
 from gravac import compressors
 from gravac.comm.local import LocalComm
 from gravac.compressors.powersgd import (PowerSGD, compression_factor, matrix_shape,
-                                         orthogonalize_, rank_for_cf)
+                                         orthogonalize_, orthogonalize_all_, rank_for_cf)
 from gravac.controllers import Accordion, GraVAC, Static
 from gravac.engine import wrap_optimizer
 
@@ -68,6 +68,33 @@ def test_orthogonalize_zeroes_dependent_and_zero_columns_without_nan():
     assert float(p[:, 2].abs().max()) == 0 and float(p[:, 3].abs().max()) == 0
     assert torch.allclose(p[:, :2].t() @ p[:, :2], torch.eye(2), atol=1e-6)
     assert torch.equal(orthogonalize_(torch.zeros(5, 3)), torch.zeros(5, 3))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_orthogonalizing_many_matrices_at_once_equals_one_by_one(dtype):
+    """The GPU's batched Gram-Schmidt (forced here on CPU tensors): matrices of several
+    row counts and ranks (grouped by rank), a dependent and a zero column, a matrix that
+    must stay alone in its group; equal to orthogonalize_ of each to rounding, the zero
+    columns exactly zero, orthonormal, and still the prefix of a higher rank's result."""
+    g = torch.Generator().manual_seed(3)
+    shapes = [(64, 4), (2048, 4), (10, 4), (300, 4), (6000, 1), (7, 2), (50, 2), (99, 3)]
+    mats = [torch.randn(*shape, generator=g, dtype=dtype) for shape in shapes]
+    mats[2][:, 3] = 2 * mats[2][:, 0] - mats[2][:, 1]
+    mats[3][:, 1] = 0
+    one = [orthogonalize_(m.clone()) for m in mats]
+    many = [m.clone() for m in mats]
+    orthogonalize_all_(many, batched=True)
+    tol = 1e-5 if dtype == torch.float32 else 1e-12
+    for a, b, shape in zip(one, many, shapes):
+        assert torch.allclose(a, b, atol=tol), shape
+        live = b.abs().amax(0) > 0
+        assert torch.allclose(b[:, live].t() @ b[:, live],
+                              torch.eye(int(live.sum()), dtype=dtype), atol=tol), shape
+    assert float(many[2][:, 3].abs().max()) == 0 and float(many[3][:, 1].abs().max()) == 0
+    prefix = [m[:, :2].clone() for m in mats[:4]]
+    orthogonalize_all_(prefix, batched=True)
+    for full, head in zip(many[:4], prefix):
+        assert torch.allclose(full[:, :2], head, atol=tol)
 
 
 def test_orthogonalize_refuses_half_precision():
