@@ -297,3 +297,23 @@ def test_mostly_zero_gradient_second_level_equals_direct_topk():
     sub = comp.select(x[idx_min], num_kept(n, 1000))
     direct = torch.topk(x.abs(), num_kept(n, 1000)).values
     assert torch.equal(x[idx_min][sub].abs().sort(descending=True).values, direct)
+
+
+def test_topk_auto_candidates_fall_back_to_torch_once_when_triton_fails(monkeypatch):
+    """device_candidates="auto" (the default): a Triton that fails to build or run on the
+    GPU costs one warning and speed, not the run; torch's pass from then on."""
+    from gravac.compressors import topk as topk_module
+
+    comp = compressors.get("topk")
+    assert comp.device_candidates == "auto"
+    comp._auto_triton = True
+    calls = []
+
+    def broken(x, threshold):
+        calls.append(1)
+        raise RuntimeError("no C compiler")
+    monkeypatch.setattr(topk_module.triton_candidates, "candidates_at_or_above", broken)
+    x = torch.randn(1000)
+    with pytest.warns(RuntimeWarning, match="Triton's candidate kernels failed"):
+        assert comp._auto_candidates(x, torch.tensor(0.5)) is None
+    assert comp._auto_triton is False and calls == [1]
