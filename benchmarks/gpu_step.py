@@ -16,8 +16,15 @@ gains every step); ``topk10_per_layer`` / ``gravac10_per_layer``: the same witho
 batched selection of the layers (``batch_layers=False``: one ``torch.topk`` per layer);
 ``topk10_triton`` / ``gravac10_triton``: every layer above ``DEVICE_BATCH_MAX`` (1M) entries,
 instead of ``torch.topk``, takes the sampled path with Triton's candidate kernels
-(``device_candidates="triton"``: the LSTM's 9-15M-entry layers, ResNet-101's largest).
-Issue 15's target: compression < 15% of the step at θmin 10x.
+(``device_candidates="triton"``: the LSTM's 9-15M-entry layers, ResNet-101's largest);
+``topk10_layerwise_residual`` / ``gravac10_layerwise_residual``: the residuals updated one
+layer at a time (``FLAT_UPDATE_MIN_LAYERS`` out of reach) instead of by one launch over
+their flat buffer: the before and after of that change in one run; ``powersgd4``:
+PowerSGD at rank 4 (``Static(rank=4)``), ``powersgd4_layerwise_orthogonalize`` the same
+with each layer's Gram-Schmidt on its own instead of all layers' at once; ``auto``: the method choice (``controller:
+auto``) over the local transport, where nothing travels, so it shows what its trials cost
+on this GPU, not what it would choose on a link. Target: compression < 15% of the step at
+θmin 10x.
 
 Models (``--models``): ``resnet101`` (CIFAR-10 images, batch 32), ``lstm`` (2 layers,
 1500 units, tied weights, PTB's 10,000 words, batch 20, bptt 35) and ``resnet101_b128``
@@ -33,6 +40,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -43,7 +51,9 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from gravac.comm import LocalComm  # noqa: E402
 from gravac.compressors.topk import DEVICE_BATCH_MAX  # noqa: E402
-from gravac.controllers import GraVAC, Static  # noqa: E402
+from gravac import memory as memory_module  # noqa: E402
+from gravac.compressors import powersgd as powersgd_module  # noqa: E402
+from gravac.controllers import Auto, GraVAC, Static  # noqa: E402
 from gravac.engine import wrap_optimizer  # noqa: E402
 from gravac.engine.phases import LOCAL_PHASES  # noqa: E402
 from gravac.models import build_model  # noqa: E402
@@ -64,7 +74,13 @@ SMALL = {
                       "num_layers": 2, "dropout": 0.0, "tie_weights": True}, 4, "lm"),
 }
 METHODS = ("plain", "dense", "topk10", "gravac10", "topk10_per_layer", "gravac10_per_layer",
-           "topk10_triton", "gravac10_triton")
+           "topk10_triton", "gravac10_triton", "topk10_layerwise_residual",
+           "gravac10_layerwise_residual", "powersgd4", "powersgd4_layerwise_orthogonalize",
+           "auto")
+#: Method suffix -> (module, threshold) set out of reach for the run: the one-launch path
+#: it names replaced by its per-layer loop, the "before" of that path in the same call.
+LAYERWISE = {"_layerwise_residual": (memory_module, "FLAT_UPDATE_MIN_LAYERS"),
+             "_layerwise_orthogonalize": (powersgd_module, "BATCH_MIN_MATRICES")}
 BPTT = 35
 
 
@@ -74,6 +90,12 @@ def _optimizer(method: str, model: torch.nn.Module):
         return sgd
     if method == "dense":
         return wrap_optimizer(sgd, model.named_parameters(), LocalComm(), compressor="none")
+    if method.startswith("powersgd4") or method == "auto":
+        opt = wrap_optimizer(sgd, model.named_parameters(), LocalComm(),
+                             **(dict(compressor="powersgd", controller=Static(rank=4))
+                                if method != "auto" else dict(controller=Auto())))
+        opt._engine.exact_phases = True
+        return opt
     controller = (Static(cf=10) if method.startswith("topk10") else
                   GraVAC(theta_min=10, theta_max=1000, window=10_000))
     # "_per_layer": Top-k's select_many without batching the layers (one torch.topk each)
@@ -107,9 +129,26 @@ def _sync(device) -> None:
 
 
 def measure(model_name: str, method: str, device, steps: int, warmup: int,
-            small: bool = False) -> dict:
-    """Median milliseconds of each part of the step for one model and method."""
+            small: bool = False, profile: Path | None = None) -> dict:
+    """Median milliseconds of each part of the step for one model and method; with
+    ``profile`` (a folder), three more ``opt.step()`` calls under torch's profiler, their
+    kernels and operators by time written to ``profile/<model>_<method>.txt``."""
     name, options, batch, kind = (SMALL if small else MODELS)[model_name]
+    # "_layerwise_...": a batched path out of reach for this run only (its before)
+    toggle = next((t for suffix, t in LAYERWISE.items() if method.endswith(suffix)), None)
+    saved = getattr(*toggle) if toggle else None
+    if toggle:
+        setattr(*toggle, 1 << 30)
+    try:
+        return _measure(model_name, name, options, batch, kind, method, device, steps, warmup,
+                        profile)
+    finally:
+        if toggle:
+            setattr(*toggle, saved)
+
+
+def _measure(model_name, name, options, batch, kind, method, device, steps, warmup,
+             profile: Path | None = None) -> dict:
     torch.manual_seed(0)
     model = build_model(name, **options).to(device)
     opt = _optimizer(method, model)
@@ -136,7 +175,8 @@ def measure(model_name: str, method: str, device, steps: int, warmup: int,
         stats = getattr(opt, "last_stats", None)
         compress = stats.t_compress if stats is not None and stats.t_compress is not None else 0.0
         rows.append({"fwd_bwd": t1 - t0, "opt_step": t2 - t1, "compress": compress,
-                     "step": t2 - t0, "sent": None if stats is None else stats.sent,
+                     "step": t2 - t0,
+                     "sent": None if stats is None else (stats.method or stats.sent),
                      "cf": None if stats is None else stats.cf,
                      **{p: (getattr(stats, p) or 0.0) if stats is not None else 0.0
                         for p in LOCAL_PHASES}})
@@ -147,11 +187,61 @@ def measure(model_name: str, method: str, device, steps: int, warmup: int,
     med["params"] = sum(p.numel() for p in model.parameters())
     med["batch"] = batch
     med["sent"] = sorted({r["sent"] for r in rows if r["sent"]})
+    if profile is not None and method != "plain":
+        _profile(model, opt, batches, kind, device,
+                 profile / f"{model_name}_{method}.txt")
     return med
 
 
+def _profile(model, opt, batches, kind, device, path: Path) -> None:
+    """Three steps under torch's profiler (forward and backward under a label of their
+    own, ``opt.step`` under its own): the top operators by device time and by host time,
+    where a step's launches and syncs show."""
+    from torch.profiler import ProfilerActivity, profile
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda"
+                                           else [])
+    opt._engine.exact_phases = False      # no phase syncs inside the trace
+    with profile(activities=activities) as prof:
+        for x, y in batches[:3]:
+            opt.zero_grad()
+            with torch.profiler.record_function("forward+backward"):
+                out = model(x)
+                loss = F.cross_entropy(out if kind == "image" else out[0], y)
+                loss.backward()
+            _sync(device)
+            with torch.profiler.record_function("opt.step"):
+                opt.step()
+            _sync(device)
+    averages = prof.key_averages()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    by_device = ""
+    if device.type == "cuda":
+        for key in ("self_device_time_total", "self_cuda_time_total"):   # torch's names
+            try:
+                by_device = "by device time\n" + averages.table(sort_by=key, row_limit=30)
+                break
+            except (AttributeError, KeyError, ValueError):
+                continue
+    path.write_text(by_device + "\n\nby host time\n"
+                    + averages.table(sort_by="self_cpu_time_total", row_limit=30))
+
+
+def device_description(device) -> str:
+    """The device, its driver and torch's CUDA, as every figure is recorded beside."""
+    if device.type != "cuda":
+        return f"cpu; torch {torch.__version__}"
+    try:
+        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version",
+                                 "--format=csv,noheader"],
+                                capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        driver = "unknown"
+    return (f"{torch.cuda.get_device_name(device)}, driver {driver or 'unknown'}, "
+            f"torch {torch.__version__} (CUDA {torch.version.cuda})")
+
+
 def table(results: dict, device_name: str) -> str:
-    lines = [f"device: {device_name}; torch {torch.__version__}; medians (ms)", "",
+    lines = [f"device: {device_name}; medians (ms)", "",
              "| model | batch | params | method | sent | fwd+bwd | compression | rest of opt.step | "
              "step | compression / step | selection | feedback | norms | residual | pack+unpack |",
              "|---|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -178,6 +268,8 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--small", action="store_true", help="tiny models (CPU tests)")
     parser.add_argument("--json", type=Path, help="write every median here")
+    parser.add_argument("--profile", type=Path, metavar="DIR",
+                        help="also write a profile of three steps of each run into DIR")
     args = parser.parse_args()
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -187,12 +279,12 @@ def main() -> int:
     if args.small and any(m not in SMALL for m in args.models):
         print(f"gpu_step.py: --small knows {', '.join(SMALL)} only", file=sys.stderr)
         return 2
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    name = device_description(device)
     results = {}
     for model in args.models:
         for method in args.methods:
             results[(model, method)] = measure(model, method, device, args.steps, args.warmup,
-                                               args.small)
+                                               args.small, args.profile)
             m = results[(model, method)]
             print(f"{model} {method}: step {m['step']:.2f} ms, compression {m['compress']:.2f} ms "
                   f"({100 * m['share']:.1f}%)", flush=True)
