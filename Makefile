@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.gravac-installed
 NP     ?= 2
 
-.PHONY: install test test-unit test-parallel test-faults test-cluster demo bench clean
+.PHONY: install test test-unit test-parallel test-faults test-cluster demo demo-sweep bench clean
 
 # Reinstall when the venv is missing or the pins / installer changed.
 $(STAMP): requirements.txt requirements-frameworks.txt hvd_scripts/install.sh
@@ -30,10 +30,15 @@ test-faults: $(STAMP)
 test-cluster: $(STAMP)
 	bash tests/run.sh cluster
 
-# GraVAC on the embedded digits data, 2 ranks; replaces the previous demo run.
+# GraVAC on the embedded digits data, 2 ranks, across a 100 Mbit/s link where this
+# machine allows one (root: hvd_scripts/bandwidth_sandbox.sh); replaces the previous run.
 demo: $(STAMP)
-	$(VENV)/bin/horovodrun -np $(NP) -H localhost:$(NP) --gloo $(PY) train.py \
-		--config configs/demo.yaml --set run.overwrite=true
+	bash hvd_scripts/demo.sh $(NP)
+
+# dense, fp16, Top-k, GraVAC and controller: auto on the demo's data and link, a results
+# table naming the fastest (configs/sweeps/demo_sweep.yaml).
+demo-sweep: $(STAMP)
+	$(PY) hvd_scripts/sweep.py configs/sweeps/demo_sweep.yaml --overwrite --np $(NP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/compressors.py

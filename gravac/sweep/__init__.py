@@ -5,7 +5,7 @@ Usage::
     .venv/bin/python -m gravac.sweep SWEEP_FILE [--np N] [--dry-run] [--out DIR]
                                  [--set KEY=VALUE ...] [--overwrite | --resume]
                                  [--launcher horovodrun|torchrun]
-                                 [--config FILE ...] [--hostfile FILE]
+                                 [--config FILE ...] [--hostfile FILE] [--link RATE]
     (hvd_scripts/sweep.py is the same command)
 
 Examples::
@@ -27,6 +27,13 @@ A sweep file is YAML::
         - {set: {compression.controller: gravac, compression.gravac.window: 20}, tag: gravac_w20}
       optimizer.lr: [0.05, 0.1]              # a dotted axis name: one key's values
     baseline: {compression: 0}               # optional, axis -> index (or label)
+    link: 100mbit                            # optional: the link the runs cross
+
+``link`` (or ``--link RATE``; ``none`` for the plain loopback): every run crosses a
+loopback limited to RATE (``hvd_scripts/bandwidth_sandbox.sh``, root only; elsewhere the
+plain loopback, said where the sweep starts). Compression buys time only where the
+exchange is slow, and nothing limits a loopback (``link.py``). The results name the link
+and the fastest run against its baseline.
 
 What a run gets: ``--config`` the base files, then each axis entry's ``files`` (axis
 order), then the command line's ``--config`` files (e.g. the scaled-down set of

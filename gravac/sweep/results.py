@@ -126,11 +126,44 @@ def to_markdown(sweep: Sweep, rows: Sequence[dict], cols: Sequence[str]) -> str:
              f"{len(rows) - done - failed} pending or running. speedup = baseline wall time / "
              f"the run's, comm_saving = baseline floats sent / the run's, both at the last step "
              f"both reached; floats_vs_dense = share of dense traffic sent; every number as "
-             f"gravac.report computes it.", "",
-             "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+             f"gravac.report computes it.", ""]
+    if sweep.link_description:
+        lines += [f"Link: {sweep.link_description}.", ""]
+    verdict = fastest_line(rows, sweep, with_link=False)
+    if verdict:
+        lines += [f"{verdict[0].upper()}{verdict[1:]}.", ""]
+    lines += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for row in rows:
         lines.append("| " + " | ".join(_md_cell(c, row.get(c)) for c in cols) + " |")
     return "\n".join(lines) + "\n"
+
+
+def fastest_line(rows: Sequence[dict], sweep: Sweep, with_link: bool = True) -> str:
+    """One line: the finished run with the most samples/s, against its baseline, and
+    (``with_link``) the link it crossed; "" while no run has finished.
+
+    Example::
+
+        fastest_line(rows, sweep)
+        # 'fastest: demo_sweep-gravac_w20, 512.3 samples/s, 1.84x its baseline
+        #  demo_sweep-dense's; link: 100mbit (hvd_scripts/bandwidth_sandbox.sh)'
+    """
+    done = [r for r in rows if r["status"] == "ok" and r.get("mean_samples_per_sec")]
+    if not done:
+        return ""
+    best = max(done, key=lambda r: r["mean_samples_per_sec"])
+    by_name = {r["name"]: r for r in done}
+    base = by_name.get(best.get("baseline") or "")
+    against = ""
+    if base is not None and base is not best:
+        ratio = best["mean_samples_per_sec"] / base["mean_samples_per_sec"]
+        against = f", {ratio:.2f}x its baseline {base['name']}'s"
+    elif base is best:
+        against = " (the baseline itself)"
+    link = f"; link: {sweep.link_description}" if sweep.link_description and with_link \
+        else ""
+    return (f"fastest: {best['name']}, {best['mean_samples_per_sec']:.1f} samples/s"
+            f"{against}{link}")
 
 
 def write_results(sweep: Sweep, rows: Sequence[dict], sweep_dir: Path) -> None:

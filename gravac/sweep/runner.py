@@ -14,7 +14,8 @@ import yaml
 from ..report import METRICS_FILE, load_run
 from ..util import job
 from ..util.atomic import atomic_write_text
-from .results import finished, results_rows, write_results
+from .link import LinkPlan, check_rate, link_plan
+from .results import fastest_line, finished, results_rows, write_results
 from .spec import (REPO, RunSpec, Sweep, SweepError, check_key, expand, load_sweep,
                    pick_baselines)
 
@@ -220,6 +221,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--hostfile", metavar="FILE", default=None,
                         help="run every run across the hosts of FILE (HOST slots=N lines) "
                              "with hvd_scripts/run_multi_node.sh (horovodrun only)")
+    parser.add_argument("--link", metavar="RATE", default=None,
+                        help="the link every run crosses: a rate such as 100mbit or 1gbit "
+                             "(hvd_scripts/bandwidth_sandbox.sh, root only) or none for the "
+                             "plain loopback; default: the file's link")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace runs left in the sweep directory by an earlier sweep")
     parser.add_argument("--resume", action="store_true",
@@ -286,10 +291,11 @@ def describe(sweep: Sweep, runs: Sequence[RunSpec], sweep_dir: Path,
 def execute(sweep: Sweep, runs: Sequence[RunSpec], sweep_dir: Path,
             extra: Sequence[tuple[str, Any]], baselines: dict[str, str | None],
             launcher: str, launcher_path: str, resume_configs: dict | None = None,
-            hostfile: str | None = None) -> int:
+            hostfile: str | None = None, link: LinkPlan = LinkPlan((), "")) -> int:
     """Launch the runs one after another, keeping the results files current; exit status.
     With ``resume_configs`` (run name -> resolved config: ``--resume``), finished runs are
-    kept and an interrupted one continues from its checkpoint."""
+    kept and an interrupted one continues from its checkpoint. ``link``: each job runs
+    behind its prefix (a rate-limited loopback)."""
     status = {r.name: "pending" for r in runs}
     notes: dict[str, str] = {}
     plans = {r.name: resume_plan(sweep_dir / "runs" / r.name, resume_configs[r.name])
@@ -318,8 +324,9 @@ def execute(sweep: Sweep, runs: Sequence[RunSpec], sweep_dir: Path,
                     notes[run.name] = ("resumed from its checkpoint (--resume)"
                                        if what == "resume" else
                                        "started again: it had no checkpoint (--resume)")
-                command = launch_command(launcher, launcher_path, sweep.np,
-                                         run.train_args(sweep_dir, extra) + more, hostfile)
+                command = [*link.prefix, *launch_command(
+                    launcher, launcher_path, sweep.np, run.train_args(sweep_dir, extra) + more,
+                    hostfile)]
                 print(f"\n=== [{k}/{len(runs)}] {run.name} ===\n$ {' '.join(command)}",
                       flush=True)
                 log_path = sweep_dir / "logs" / f"{run.name}.log"
@@ -338,6 +345,10 @@ def execute(sweep: Sweep, runs: Sequence[RunSpec], sweep_dir: Path,
             ok = [r for r in runs if status[r.name] == "ok"]
             print(f"\nsweep {sweep.name}: {len(ok)} of {len(runs)} runs ok; results: "
                   f"{sweep_dir / 'results.md'}, {sweep_dir / 'results.csv'}")
+            verdict = fastest_line(results_rows(sweep, runs, sweep_dir, status, notes,
+                                                baselines), sweep)
+            if verdict:
+                print(verdict)
             report_ok = True
             if ok:
                 base = baselines.get(runs[0].name)
@@ -374,12 +385,20 @@ def main(argv: Sequence[str] | None = None,
             if not Path(args.hostfile).is_file():
                 raise SweepError(f"--hostfile {args.hostfile}: no such file (one host per "
                                  "line: HOST slots=N)")
+        if args.link is not None:
+            sweep.link = check_rate("--link", args.link)
+        if sweep.link is not None and args.hostfile is not None:
+            raise SweepError(f"link {sweep.link} limits this host's loopback, but --hostfile "
+                             "runs cross the hosts' own network; drop one of them")
         runs = expand(sweep)
         for run in runs:
             run.files = [*run.files, *args.configs]
     except SweepError as exc:
         print(f"sweep error: {exc}", file=sys.stderr)
         return 2
+    link = link_plan(sweep.link) if args.hostfile is None else \
+        LinkPlan((), "the network between the hosts of --hostfile")
+    sweep.link_description = link.description
     sweep_dir = Path(args.out).expanduser().resolve() if args.out else \
         REPO / "runs" / "sweeps" / sweep.name
     launcher_path = find_launcher(args.launcher) or ""
@@ -394,6 +413,7 @@ def main(argv: Sequence[str] | None = None,
     controllers = {name: cfg.compression.controller for name, cfg in configs.items()}
     baselines = pick_baselines(sweep, runs, controllers)
     print(describe(sweep, runs, sweep_dir, extra, baselines))
+    print(f"link: {link.description}")
     if errors:
         for line in errors:
             print(f"sweep error: {line}", file=sys.stderr)
@@ -406,7 +426,7 @@ def main(argv: Sequence[str] | None = None,
     return execute(sweep, runs, sweep_dir, extra, baselines, args.launcher, launcher_path,
                    resume_configs=configs if args.resume else None,
                    hostfile=None if args.hostfile is None else
-                   str(Path(args.hostfile).expanduser().resolve()))
+                   str(Path(args.hostfile).expanduser().resolve()), link=link)
 
 
 if __name__ == "__main__":

@@ -15,11 +15,13 @@ from typing import Any, Iterable, Sequence
 
 import yaml
 
+from .link import check_rate
+
 
 #: The repository root: where train.py, configs/ and runs/ are.
 REPO = Path(__file__).resolve().parents[2]
 
-TOP_KEYS = ("name", "np", "configs", "set", "grid", "baseline")
+TOP_KEYS = ("name", "np", "configs", "set", "grid", "baseline", "link")
 ENTRY_KEYS = ("files", "set", "tag")
 # Keys the sweep chooses for every run: a sweep file may not set them.
 RESERVED_KEYS = ("run.name", "run.output_dir")
@@ -61,6 +63,10 @@ class Sweep:
     axes: list[Axis]
     baseline: dict[str, int] | None
     source: Path | None = None
+    #: The link rate the runs cross (``link.py``), None for the plain loopback.
+    link: str | None = None
+    #: What they did cross, as ``link.link_plan`` says it (set when the sweep runs).
+    link_description: str | None = None
 
 
 @dataclass
@@ -300,7 +306,8 @@ def parse_sweep(data: Any, default_name: str = "sweep", repo: Path = REPO) -> Sw
                          f"of entries); got {grid!r}")
     axes = [parse_axis(axis, values, repo) for axis, values in grid.items()]
     return Sweep(name=name, np=np_, configs=configs, overrides=overrides, axes=axes,
-                 baseline=_baseline(data.get("baseline"), axes))
+                 baseline=_baseline(data.get("baseline"), axes),
+                 link=check_rate("link", data.get("link")))
 
 
 def load_sweep(path: str | Path, repo: Path = REPO) -> Sweep:

@@ -4,6 +4,7 @@ README.md) mention exists. Nothing here starts a real job."""
 from __future__ import annotations
 
 import itertools
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -353,3 +354,12 @@ def test_a_ranks_gravac_error_is_the_last_line_after_horovodruns_traceback(tmp_p
     assert proc.stderr.splitlines()[-1] == (
         f"config error: --resume: no checkpoint in {tmp_path}/r/checkpoints; start without "
         "--resume, or set run.output_dir/run.name to the run to continue")
+
+
+def test_the_demo_refuses_a_bad_link_in_one_line():
+    proc = subprocess.run(["bash", "hvd_scripts/demo.sh", "2"], cwd=REPO, capture_output=True,
+                          text=True, timeout=600, env={**os.environ, "DEMO_LINK": "fast"})
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.strip() == ("demo.sh: DEMO_LINK: 'fast' is not a link rate; write it as "
+                                   "tc does (e.g. 100mbit, 1gbit, 10gbit) or none for the "
+                                   "plain loopback")

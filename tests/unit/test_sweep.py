@@ -25,6 +25,7 @@ SAFE = re.compile(r"^[A-Za-z0-9._+-]+$")
 from gravac.sweep import results as swr      # noqa: E402  the results table
 from gravac.sweep import runner as swx       # noqa: E402  validation, launching, the CLI
 from gravac.sweep import spec as sws         # noqa: E402  the sweep file
+from gravac.sweep import link as swl         # noqa: E402  the link the runs cross
 
 DENSE = "configs/compression/dense.yaml"
 TOPK10 = "configs/compression/static_topk_10x.yaml"
@@ -421,10 +422,81 @@ def test_demo_sweep_dry_run_end_to_end(tmp_path):
                           cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     listed = re.findall(r"^\s+\d+\. (\S+)", proc.stdout, flags=re.M)
-    assert listed == ["demo_sweep-dense", "demo_sweep-static_topk_100x", "demo_sweep-gravac_w20"]
+    assert listed == ["demo_sweep-dense", "demo_sweep-fp16", "demo_sweep-static_topk_100x",
+                      "demo_sweep-gravac_w20", "demo_sweep-auto"]
     assert "demo_sweep-dense             compression=dense  (baseline)" in proc.stdout
-    assert "all 3 runs are valid (dry run: nothing launched)" in proc.stdout
+    # the link it will cross: the rate-limited loopback as root, else the plain one, said
+    assert re.search(r"^link: (100mbit \(hvd_scripts/bandwidth_sandbox.sh\)|loopback \(no "
+                     r"rate limit\).*100mbit was asked)", proc.stdout, flags=re.M), proc.stdout
+    assert "all 5 runs are valid (dry run: nothing launched)" in proc.stdout
     assert not (tmp_path / "sweep").exists()
+
+
+# -- the link the runs cross ----------------------------------------------------------------------
+@pytest.mark.parametrize("raw, rate", [(None, None), ("none", None), ("loopback", None),
+                                       ("100mbit", "100mbit"), ("1GBIT", "1gbit"),
+                                       ("2.5gbit", "2.5gbit")])
+def test_link_rates_are_tc_spellings_or_loopback(raw, rate):
+    assert swl.check_rate("link", raw) == rate
+    assert sws.parse_sweep(sweep_dict(link=raw)).link == rate
+
+
+@pytest.mark.parametrize("raw", ["100", "fast", "1 gbit", 100, "10mbps"])
+def test_a_bad_link_rate_names_the_field(raw):
+    with pytest.raises(sws.SweepError, match=r"^link: .* is not a link rate; write it as tc "):
+        sws.parse_sweep(sweep_dict(link=raw))
+
+
+def test_the_link_plan_limits_the_loopback_where_it_can_and_says_so_where_not():
+    limited = swl.link_plan("100mbit", why_not=None) if swl.can_limit() is None else \
+        swl.LinkPlan(("bash", swl.SANDBOX, "100mbit", "--"), "100mbit (x)")
+    assert limited.prefix == ("bash", "hvd_scripts/bandwidth_sandbox.sh", "100mbit", "--")
+    refused = swl.link_plan("100mbit", why_not="it needs root (network namespaces and tc)")
+    assert refused.prefix == () and not refused.limited
+    assert refused.description.startswith("loopback (no rate limit): nothing limits")
+    assert "100mbit was asked, but hvd_scripts/bandwidth_sandbox.sh could not run: it " \
+           "needs root" in refused.description
+    assert swl.link_plan(None).description == swl.LOOPBACK
+
+
+def test_execute_runs_each_job_behind_the_link_and_names_the_fastest(tmp_path, monkeypatch,
+                                                                     capsys):
+    sweep = sws.parse_sweep({"name": "t", "link": "100mbit",
+                             "grid": {"c": [{"files": [DENSE], "tag": "dense"},
+                                            {"files": [TOPK10], "tag": "topk"}]}})
+    sweep.link_description = "100mbit (hvd_scripts/bandwidth_sandbox.sh)"
+    runs = sws.expand(sweep)
+    commands = []
+
+    def fake_launch(command, log_path, repo=sws.REPO):
+        commands.append(command)
+        name = command[-1].split("=", 1)[1]
+        write_metrics(tmp_path / "runs" / name, FAKE_RUNS["t-dense" if name == "t-dense"
+                                                          else "t-topk"])
+        return 0
+    monkeypatch.setattr(swx, "launch", fake_launch)
+    monkeypatch.setattr(swx, "run_report", lambda dirs, out, base: True)
+    plan = swl.LinkPlan(("bash", swl.SANDBOX, "100mbit", "--"), sweep.link_description)
+    assert swx.execute(sweep, runs, tmp_path, [], {r.name: "t-dense" for r in runs},
+                       "horovodrun", "/v/horovodrun", link=plan) == 0
+    assert [c[:5] for c in commands] == [["bash", swl.SANDBOX, "100mbit", "--",
+                                          "/v/horovodrun"]] * 2
+    out = capsys.readouterr().out
+    assert "fastest: t-topk, 400.0 samples/s, 2.67x its baseline t-dense's; link: 100mbit " \
+           "(hvd_scripts/bandwidth_sandbox.sh)" in out
+    md = (tmp_path / "results.md").read_text()
+    assert "Link: 100mbit (hvd_scripts/bandwidth_sandbox.sh).\n" in md
+    assert "Fastest: t-topk, 400.0 samples/s, 2.67x its baseline t-dense's.\n" in md
+
+
+def test_a_link_and_a_hostfile_together_are_refused(tmp_path, capsys):
+    hosts = tmp_path / "hosts"
+    hosts.write_text("a slots=1\n")
+    assert swx.main(["configs/sweeps/demo_sweep.yaml", "--dry-run", "--hostfile",
+                     str(hosts)]) == 2
+    assert "link 100mbit limits this host's loopback, but --hostfile" in capsys.readouterr().err
+    assert swx.main(["configs/sweeps/demo_sweep.yaml", "--dry-run", "--link", "fast"]) == 2
+    assert "--link: 'fast' is not a link rate" in capsys.readouterr().err
 
 
 def write_tiny_cifar10(root: Path, n: int = 64) -> None:
