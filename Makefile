@@ -35,8 +35,8 @@ test-cluster: $(STAMP)
 demo: $(STAMP)
 	bash hvd_scripts/demo.sh $(NP)
 
-# dense, fp16, Top-k, GraVAC and controller: auto on the demo's data and link, a results
-# table naming the fastest (configs/sweeps/demo_sweep.yaml).
+# dense, fp16, GraVAC and controller: auto on an LSTM across 1 Gbit/s (root; else the
+# plain loopback, said), a results table naming the fastest (configs/sweeps/demo_sweep.yaml).
 demo-sweep: $(STAMP)
 	$(PY) hvd_scripts/sweep.py configs/sweeps/demo_sweep.yaml --overwrite --np $(NP)
 

@@ -10,8 +10,8 @@
 # machine exchange over loopback, which nothing limits. As root the ranks run inside
 # hvd_scripts/bandwidth_sandbox.sh 100mbit (a loopback limited to 100 Mbit/s); elsewhere
 # on the plain loopback, where GraVAC's gain test still works but there is no time to
-# win. `make demo-sweep` compares dense, fp16, Top-k, GraVAC and the automatic choice on
-# the same link. Env: GRAVAC_VENV=/path/.venv (default: <repo>/.venv), DEMO_LINK=RATE
+# win. `make demo-sweep` compares dense, fp16, GraVAC and the automatic choice where
+# compression pays (an LSTM across 1 Gbit/s). Env: GRAVAC_VENV=/path/.venv (default: <repo>/.venv), DEMO_LINK=RATE
 # (default 100mbit; none for the plain loopback).
 set -euo pipefail
 
@@ -41,5 +41,5 @@ echo "demo: GraVAC on $np ranks; link: $(sed -n 2p <<<"$plan")"
 # shellcheck disable=SC2086  # the prefix is words: bash, the script, the rate, --
 $prefix "$venv/bin/horovodrun" -np "$np" -H "localhost:$np" --gloo "$venv/bin/python" \
     train.py --config configs/demo.yaml --set run.overwrite=true "$@"
-echo "demo: to see when compression pays and when it does not: make demo-sweep (dense," \
-     "fp16, Top-k, GraVAC and controller: auto on the same link)"
+echo "demo: to see when compression pays: make demo-sweep (dense, fp16, GraVAC and" \
+     "controller: auto on an LSTM across 1 Gbit/s, a results table naming the fastest)"

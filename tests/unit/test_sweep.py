@@ -422,13 +422,13 @@ def test_demo_sweep_dry_run_end_to_end(tmp_path):
                           cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     listed = re.findall(r"^\s+\d+\. (\S+)", proc.stdout, flags=re.M)
-    assert listed == ["demo_sweep-dense", "demo_sweep-fp16", "demo_sweep-static_topk_100x",
-                      "demo_sweep-gravac_w20", "demo_sweep-auto"]
-    assert "demo_sweep-dense             compression=dense  (baseline)" in proc.stdout
+    assert listed == ["demo_sweep-dense", "demo_sweep-fp16", "demo_sweep-gravac_recommended",
+                      "demo_sweep-auto"]
+    assert "demo_sweep-dense               compression=dense  (baseline)" in proc.stdout
     # the link it will cross: the rate-limited loopback as root, else the plain one, said
-    assert re.search(r"^link: (100mbit \(hvd_scripts/bandwidth_sandbox.sh\)|loopback \(no "
-                     r"rate limit\).*100mbit was asked)", proc.stdout, flags=re.M), proc.stdout
-    assert "all 5 runs are valid (dry run: nothing launched)" in proc.stdout
+    assert re.search(r"^link: (1gbit \(hvd_scripts/bandwidth_sandbox.sh\)|loopback \(no "
+                     r"rate limit\).*1gbit was asked)", proc.stdout, flags=re.M), proc.stdout
+    assert "all 4 runs are valid (dry run: nothing launched)" in proc.stdout
     assert not (tmp_path / "sweep").exists()
 
 
@@ -494,7 +494,7 @@ def test_a_link_and_a_hostfile_together_are_refused(tmp_path, capsys):
     hosts.write_text("a slots=1\n")
     assert swx.main(["configs/sweeps/demo_sweep.yaml", "--dry-run", "--hostfile",
                      str(hosts)]) == 2
-    assert "link 100mbit limits this host's loopback, but --hostfile" in capsys.readouterr().err
+    assert "link 1gbit limits this host's loopback, but --hostfile" in capsys.readouterr().err
     assert swx.main(["configs/sweeps/demo_sweep.yaml", "--dry-run", "--link", "fast"]) == 2
     assert "--link: 'fast' is not a link rate" in capsys.readouterr().err
 
