@@ -4,7 +4,7 @@
 # on one device), a training run of train.py on the GPU with a checkpoint resume, the
 # compressor benchmark against one pass over the tensor (torch and Triton paths), the
 # step's batched paths against their per-layer loops, and the training-step breakdown
-# (docs/BENCHMARKS.md §7 reports its results).
+# (docs/notes/2026-11-benchmarks.md §7 reports its results).
 #
 #   bash benchmarks/cuda_check.sh [OUT_DIR]        # default runs/cuda_check
 #   QUICK=1 bash benchmarks/cuda_check.sh          # the paper's batch sizes only

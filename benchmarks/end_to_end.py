@@ -56,7 +56,7 @@ METHODS: dict[str, tuple[str, list[str]]] = {
     "dense": ("dense.yaml", []),
     "horovod_fp16": ("horovod_fp16.yaml", []),
     # What a plain Horovod user runs: Horovod's own 1 ms background cycle (gravac's trainer
-    # picks 5 ms where ranks crowd the cores: run.horovod_cycle_time_ms, docs/BENCHMARKS.md §4).
+    # picks 5 ms where ranks crowd the cores: run.horovod_cycle_time_ms, docs/notes/2026-11-benchmarks.md §4).
     "dense_cycle_1ms": ("dense.yaml", ["run.horovod_cycle_time_ms=horovod"]),
     "horovod_fp16_cycle_1ms": ("horovod_fp16.yaml", ["run.horovod_cycle_time_ms=horovod"]),
     # PyTorch DDP's PowerSGD hook (--backend torch only), 10% of the run's steps plain first

@@ -31,7 +31,7 @@ from .util.segments import repeat_by_counts
 #: From this many layers in one ``compensate_all`` batch their spares share one flat
 #: buffer and ``update_sparse`` updates them with one launch. The flat update pays for
 #: concatenating every layer's indices and values and shifting the indices: on an H200
-#: (docs/BENCHMARKS.md §7c, ``benchmarks/batched_paths.py``) ResNet-101's 161 layers
+#: (docs/notes/2026-11-benchmarks.md §7c, ``benchmarks/batched_paths.py``) ResNet-101's 161 layers
 #: updated in 1.15 ms against 1.46 one launch per layer, the LSTM's 10 in 0.40 against 0.21.
 FLAT_UPDATE_MIN_LAYERS = 24
 

@@ -65,7 +65,7 @@ def resolve_wait_mode(setting: str, hostnames: Sequence[str], rank: int,
                       cpu_count: int) -> tuple[str, str]:
     """(mode, reason) for ``run.horovod_wait``. "auto": "sleep" where more ranks share this
     machine than it has cores (a spinning waiter then takes a core another rank needs:
-    1.4-2.4x slower steps with 4 ranks on 2 cores, docs/BENCHMARKS.md §6), else "spin"
+    1.4-2.4x slower steps with 4 ranks on 2 cores, docs/notes/2026-11-benchmarks.md §6), else "spin"
     (Horovod's own wait; with a core per rank it measured a few percent faster). Ranks
     on one machine are those reporting its host name (``socket.gethostname()``), which
     network namespaces share: the sandbox's "hosts" on one machine count together.

@@ -6,7 +6,7 @@ Horovod's background thread runs a negotiation cycle every ``HOROVOD_CYCLE_TIME`
 ranks. Where every core already runs a training rank, those thousand wake-ups a second
 per rank take CPU from forward, backward and compression: on the LSTM benchmark (2 ranks
 on 2 cores, 1 Gbit/s) rank 0's forward + backward took 108 ms at 1 ms and 78 ms at 5 ms
-(as alone), and a static Top-k 40x step went 202 -> 145-153 ms (docs/BENCHMARKS.md §4).
+(as alone), and a static Top-k 40x step went 202 -> 145-153 ms (docs/notes/2026-11-benchmarks.md §4).
 A longer cycle delays each collective by up to one cycle; gravac issues one or two
 rounds of collectives per step, so a few ms of latency buy back tens of ms of CPU.
 

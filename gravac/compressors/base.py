@@ -244,7 +244,7 @@ class Compressor(ABC):
 
 #: On CPU, from this many entries on the top-k and k-th largest come from NumPy's
 #: introselect (``np.argpartition`` / ``np.partition``): torch's CPU topk of a 1-D tensor
-#: is one single-threaded partial sort, 5-8x slower on one core (docs/BENCHMARKS.md §4,
+#: is one single-threaded partial sort, 5-8x slower on one core (docs/notes/2026-11-benchmarks.md §4,
 #: "The candidates in one read": 83k candidates of the LSTM's output layer at
 #: CF 40, 0.76 ms against 0.14; 275k at CF 10, 4.2 ms against 0.6). Below it the two are
 #: alike and torch's call is the cheaper one.

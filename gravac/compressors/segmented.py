@@ -3,7 +3,7 @@ whole model instead of a handful per layer.
 
 On a GPU a layer's ``torch.topk`` costs ~0.1 ms whatever its size (a dozen latency-bound
 launches), so ResNet-101's 161 compressed layers spent 17 ms a step selecting, against
-22-29 ms of forward and backward on an H200 (docs/BENCHMARKS.md §7). Here every layer is
+22-29 ms of forward and backward on an H200 (docs/notes/2026-11-benchmarks.md §7). Here every layer is
 handled in the same kernels:
 
 1. |x| of every layer in one flat buffer (one ``cat``);

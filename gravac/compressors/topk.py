@@ -51,14 +51,14 @@ BLOCK_RETRY = 32
 DEVICE_MAX_SAMPLE = 16_384
 #: On a GPU, layers up to this many entries take ``torch.topk`` of |x| directly: two
 #: launches and no host sync, where the sampled path costs ~10 launches and two syncs
-#: (~0.3 ms a layer, whatever its size). Measured on an H200 (docs/BENCHMARKS.md §7):
+#: (~0.3 ms a layer, whatever its size). Measured on an H200 (docs/notes/2026-11-benchmarks.md §7):
 #: torch.topk 0.26 ms against the sampled path's 0.34 at 10M entries, 0.71 against 0.48
 #: at 30M; and ResNet-101's 161 compressed layers spent 33 ms a step selecting on the
 #: sampled path.
 DEVICE_DIRECT_BELOW = 1 << 24
 #: On a GPU, ``select_many`` batches the layers of up to this many entries
 #: (``segmented_topk``); larger ones take one ``torch.topk`` each. The batch pays for a
-#: sort of all its candidates (~1.3 k per layer, int64 keys): on an H200 (docs/BENCHMARKS.md
+#: sort of all its candidates (~1.3 k per layer, int64 keys): on an H200 (docs/notes/2026-11-benchmarks.md
 #: §7) ResNet-101's 161 layers selected in 8.9 ms batched against 21.4 one by one, but the
 #: LSTM's five layers of 9-15M entries in 11.3 ms batched against 1.75 one by one.
 DEVICE_BATCH_MAX = 1 << 20
@@ -69,7 +69,7 @@ DEVICE_BATCH_MAX = 1 << 20
 DEVICE_BATCH_MIN_LAYERS = 24
 #: How the accelerator path finds a large layer's candidates (``device_candidates``).
 #: "auto" (the default): Triton's kernels on a CUDA GPU where Triton is installed, else
-#: torch's pass. On an H200 (docs/BENCHMARKS.md §7b) the whole selection took 0.357 ms
+#: torch's pass. On an H200 (docs/notes/2026-11-benchmarks.md §7b) the whole selection took 0.357 ms
 #: against 0.418 at 30M entries and 0.640 against 0.771 at 100M (CF 100; 12-20% less at
 #: CF 10 and 1000 too); below ``DEVICE_DIRECT_BELOW`` neither runs (torch.topk is faster).
 DEVICE_CANDIDATES = ("auto", "torch", "triton")

@@ -4,7 +4,7 @@ a threshold, with their indices (ascending) and magnitudes, from two reads of th
 Top-k's device path (``topk.py``) finds its candidates with torch's kernels: a pass that
 writes ``trunc(x / t)`` as 2-byte floats, then ``nonzero``, which reads that mask twice
 and syncs for its count. On an H200 that took 0.48 ms at 100M entries, 2.5 times one pass
-over the tensor (docs/BENCHMARKS.md §7b), and the top-k among the candidates then gathers
+over the tensor (docs/notes/2026-11-benchmarks.md §7b), and the top-k among the candidates then gathers
 their values from x once more. Here:
 
 1. counting (``WRITE=False``): each block of ``BLOCK`` entries counts its passing entries

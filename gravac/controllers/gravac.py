@@ -17,7 +17,7 @@ to θc, δmin continues from δc; T_compress uses the smoothed gain of what was 
 dense); a dense step's t_iter excludes the compression it threw away (the optimizer does
 that); θideal is always a CF of the ladder (dense is reached per step through ε).
 
-Extensions, each opt-in and measured in docs/BENCHMARKS.md (docs/ALGORITHM.md §8):
+Extensions, each opt-in and measured in docs/notes/2026-11-benchmarks.md (docs/ALGORITHM.md §8):
 
 * ``scale_up="epsilon"`` (E1): θmin also scales up to θc when the candidate's smoothed gain
   cleared ε at the window's end (the candidate was what the steps sent). With error

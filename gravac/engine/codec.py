@@ -311,7 +311,7 @@ def _cat_as(tensors: Sequence[torch.Tensor], device: torch.device,
 
 #: The one-buffer unpack pays for zeroing and copying a buffer of every layer: on an H200
 #: it took ResNet-101's 161 layers from 4.4-5.1 ms to 1.8, but the LSTM's 10 (51M entries)
-#: from 0.4-0.5 ms to 1.3 (docs/BENCHMARKS.md §7c). From this many layers on it is taken.
+#: from 0.4-0.5 ms to 1.3 (docs/notes/2026-11-benchmarks.md §7c). From this many layers on it is taken.
 FLAT_MIN_LAYERS = 24
 
 

@@ -93,7 +93,7 @@ def _device_nonfinite(grads: list[torch.Tensor]) -> torch.Tensor:
     One multi-tensor kernel for the whole list: torch's own check behind GradScaler
     (``_amp_foreach_non_finite_check_and_unscale_``, here with a scale of exactly 1, which
     leaves every value as it is). Per tensor, ``isfinite().all()`` costs two launches, and
-    ResNet-101's 314 gradients spent 11 ms of an H200 step launching them (docs/BENCHMARKS.md
+    ResNet-101's 314 gradients spent 11 ms of an H200 step launching them (docs/notes/2026-11-benchmarks.md
     §7). Where that operator is missing, the per-tensor check."""
     device = grads[0].device
     found = torch.zeros(1, dtype=torch.float32, device=device)

@@ -4,7 +4,7 @@ pass a magnitude threshold, in one read of it.
 On one core NumPy's ``abs`` + ``>=`` + ``flatnonzero`` over the LSTM's 2.56M-entry output
 layer took ~3.7 ms at CF 40, mostly ``flatnonzero``'s branch per entry; the kernel
 compares 64 entries at a time into a bit mask and visits only the set bits
-(docs/BENCHMARKS.md §4, "The candidates in one read"). Same answer as NumPy's,
+(docs/notes/2026-11-benchmarks.md §4, "The candidates in one read"). Same answer as NumPy's,
 entry for entry (``tests/unit/test_native.py``).
 
 The C file is compiled with the machine's C compiler (``cc``, or ``$CC``) the first time

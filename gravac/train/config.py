@@ -91,11 +91,11 @@ class RunConfig:
     keep_freed_memory: bool = True
     # Horovod's background cycle in ms (gravac/comm/horovod_cycle.py): "auto" makes it 5 ms
     # where a host's ranks cannot each have 2 cores (the 1 ms default then steals CPU from
-    # compute: docs/BENCHMARKS.md §4), a number sets it, "horovod" leaves Horovod's.
+    # compute: docs/notes/2026-11-benchmarks.md §4), a number sets it, "horovod" leaves Horovod's.
     horovod_cycle_time_ms: float | str = "auto"
     # How a rank waits for its Horovod collectives (gravac/comm/horovod.py): "sleep" polls
     # and sleeps (a waiting rank leaves its core to the others: with more ranks than cores
-    # Horovod's own yield loop took a core per waiting rank, docs/BENCHMARKS.md §6),
+    # Horovod's own yield loop took a core per waiting rank, docs/notes/2026-11-benchmarks.md §6),
     # "spin" waits in Horovod's loop, "auto" sleeps where a machine's ranks outnumber its
     # cores and spins elsewhere.
     horovod_wait: str = "auto"

@@ -6,7 +6,7 @@ trims the top of its heap once 128 KiB or more are free there. So every training
 gradients, activations and temporaries (tens of MB) arrive as untouched pages, and the
 first write to each page is a page fault plus the kernel zeroing it: on the LSTM
 workload (5.4M parameters) that was a quarter of forward + backward (t_compute 51-56 ms
--> 40-41 ms with the memory kept; docs/BENCHMARKS.md §4).
+-> 40-41 ms with the memory kept; docs/notes/2026-11-benchmarks.md §4).
 
 ``keep_freed_memory()`` raises both thresholds with ``mallopt``, so freed blocks stay in
 the heap and the next step reuses them. The process's resident memory then stays at its

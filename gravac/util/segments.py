@@ -5,7 +5,7 @@ Why not ``repeat_interleave`` on a GPU: its CUDA kernel gives each *value* one t
 which writes that value's whole run alone. For few long runs that is a serial loop: on an
 H200, spreading the LSTM's 10 layer offsets over 5.1M selected indices took 0.73 ms (0.14
 here) and ResNet-101's 161 per-layer thresholds over its 42.5M entries 1.71 ms (0.50 here;
-docs/BENCHMARKS.md §7c). Here the output is a gather by a segment number that one
+docs/notes/2026-11-benchmarks.md §7c). Here the output is a gather by a segment number that one
 ``cumsum`` over the output computes: every kernel runs one thread per output entry.
 
 Example::

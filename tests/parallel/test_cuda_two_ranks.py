@@ -133,7 +133,7 @@ def test_two_rank_cuda_step_equals_the_cpu_step_and_the_other_rank(variant):
             if sparse:
                 # torch's SGD adds a sparse momentum buffer to the parameter with CUDA
                 # atomics, its duplicate entries in no fixed order: equal gradients give
-                # parameters equal only to rounding (docs/BENCHMARKS.md §7a).
+                # parameters equal only to rounding (docs/notes/2026-11-benchmarks.md §7a).
                 torch.testing.assert_close(other_param, param, rtol=1e-6, atol=1e-6)
             else:
                 assert torch.equal(other_param, param), \

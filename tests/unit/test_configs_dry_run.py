@@ -113,7 +113,7 @@ def test_paper_model_configs_are_long_enough_for_every_gravac_ladder(model):
 
 
 def test_recommended_preset_is_the_paper_setup_plus_the_benchmarked_extensions():
-    """configs/compression/gravac_recommended.yaml must be exactly what docs/BENCHMARKS.md
+    """configs/compression/gravac_recommended.yaml must be exactly what docs/notes/2026-11-benchmarks.md
     §3d measured as gravac_e1_e2_e3: the paper's gravac_exp_topk.yaml with E1-E3 on (the
     benchmark only shortens the window to fit its 300-step runs)."""
     sys.path.insert(0, str(REPO / "benchmarks"))

@@ -1,4 +1,5 @@
-"""Every train.py command that `train.py --help`, README.md and docs/RELIABILITY.md show
+"""Every train.py command that `train.py --help`, README.md, docs/RELIABILITY.md,
+docs/TRAINING.md and docs/USAGE.md show
 passes --dry-run (issue 16): the files they name exist and the configs resolve. Data roots
 are pointed at tiny generated CIFAR-10/100 and PTB files; runs go to a temporary folder."""
 import re
@@ -42,7 +43,9 @@ def help_commands() -> list[str]:
 
 COMMANDS = sorted(set(help_commands()
                       + train_commands((REPO / "README.md").read_text())
-                      + train_commands((REPO / "docs/RELIABILITY.md").read_text())))
+                      + train_commands((REPO / "docs/RELIABILITY.md").read_text())
+                      + train_commands((REPO / "docs/TRAINING.md").read_text())
+                      + train_commands((REPO / "docs/USAGE.md").read_text())))
 
 
 def test_the_commands_were_found():

@@ -205,7 +205,7 @@ def test_settle_dense_needs_a_margin_and_reprobes():
 
 
 def test_settle_dense_stops_compressing_after_a_window_where_nothing_cleared_epsilon():
-    """E3 (BENCHMARKS §3d, ResNet-18): gains at θmin stay below ε, so every step goes
+    """E3 (docs/notes/2026-11-benchmarks.md §3d, ResNet-18): gains at θmin stay below ε, so every step goes
     dense after paying for both compression levels. The paper's rule keeps compressing
     (and discarding); settle_dense trains dense without compressing, and its re-probe
     window restarts the gain averages so that today's gradients decide."""
