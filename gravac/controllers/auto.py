@@ -24,7 +24,9 @@ How it explores, cheaply:
   allreduce / allgather terms) at the best bandwidth measured so far. A candidate whose
   bound cannot beat the best measured score (with ``tolerance``) is not run. fp16 runs
   first (dense when fp16 is not a candidate): it calibrates the link at half dense's
-  bytes, and dense then runs only where its bound may win (a fast link).
+  bytes. Dense, the floor every choice is measured against, always runs a trial: where
+  latency or the CPU dominates the waits (loopback, few cores) the bound is no lower
+  bound, and it once priced dense out where dense was the fastest.
 * **Re-checked.** After ``recheck_every`` steps of the chosen method, its entry is
   replaced by what those steps measured, and the methods whose score was within
   ``recheck_within`` of the best run a trial again, with the next sparse CF when the
@@ -354,6 +356,8 @@ class Auto(Controller):
         s = self._s
         best = self._best_score()
         for key in list(s["queue"]):
+            if key == "dense":
+                continue        # the floor: always measured (see _predicted)
             bound = self._predicted(key)
             if bound > 0 and best > 0 and (1 + self.tolerance) / bound < best:
                 s["queue"].remove(key)
@@ -436,7 +440,14 @@ class Auto(Controller):
         """A lower bound of ``key``'s step time: the least local time measured plus its
         link bytes at the best bandwidth measured (0 before anything was measured). Local
         time leaves out the waits and the packing of the wire buffers (fp16's casts), which
-        another method may not have."""
+        another method may not have.
+
+        It is a lower bound where the link's bandwidth dominates the waits. Where it does
+        not (loopback, or ranks sharing few cores, whose collectives' CPU work shows as
+        local time), scaling fp16's wait up to dense's bytes priced dense above its real
+        step: on loopback it pruned dense, the fastest method there, and the choice ran
+        at 0.3x dense. So dense, the floor every choice is measured against, is never
+        pruned by it: one trial, which a slow link pays in a few steps."""
         seen = [(k, e) for k, e in self._s["table"].items()
                 if e["t"] is not None and e["t_comm"] is not None]
         rates = [e["t_comm"] / self.wire_bytes(k) for k, e in seen
