@@ -32,6 +32,7 @@ from gravac.memory import ResidualMemory, SparseSent  # noqa: E402
 from gravac.models import build_model  # noqa: E402
 from gravac.util.segments import repeat_by_counts  # noqa: E402
 from gravac.util.sizes import matrix_shape  # noqa: E402
+from timing import device_description, no_cuda_line  # noqa: E402
 
 MODELS = {
     "resnet101": ("resnet101", {"num_classes": 10, "in_channels": 3}),
@@ -138,9 +139,9 @@ def main() -> int:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        print("batched_paths.py: --device cuda, but no CUDA GPU is visible (--device cpu to "
-              "try it here)", file=sys.stderr)
+    missing = no_cuda_line("batched_paths.py", device, "--device cpu to try it here")
+    if missing:
+        print(missing, file=sys.stderr)
         return 2
     results = {}
     for model in args.models:
@@ -151,8 +152,8 @@ def main() -> int:
             for how, ms in fn(shapes, device, args.repeats).items():
                 rows[f"{what}: {how}"] = ms
         results[model] = {"layers": len(shapes), "rows": rows}
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    print(f"{name}, torch {torch.__version__}; wall-clock medians of {args.repeats} calls (ms)")
+    name = device_description(device)
+    print(f"{name}; wall-clock medians of {args.repeats} calls (ms)")
     print("| model | layers | what | ms |\n|---|---:|---|---:|")
     for model, r in results.items():
         for what, ms in r["rows"].items():

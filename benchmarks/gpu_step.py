@@ -40,7 +40,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -57,6 +56,7 @@ from gravac.controllers import Auto, GraVAC, Static  # noqa: E402
 from gravac.engine import wrap_optimizer  # noqa: E402
 from gravac.engine.phases import LOCAL_PHASES  # noqa: E402
 from gravac.models import build_model  # noqa: E402
+from timing import device_description, no_cuda_line  # noqa: E402
 
 #: name -> (model, options, batch, kind); kind "image" (3x32x32, 10 classes) or "lm" (bptt 35)
 MODELS = {
@@ -226,20 +226,6 @@ def _profile(model, opt, batches, kind, device, path: Path) -> None:
                     + averages.table(sort_by="self_cpu_time_total", row_limit=30))
 
 
-def device_description(device) -> str:
-    """The device, its driver and torch's CUDA, as every figure is recorded beside."""
-    if device.type != "cuda":
-        return f"cpu; torch {torch.__version__}"
-    try:
-        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version",
-                                 "--format=csv,noheader"],
-                                capture_output=True, text=True, timeout=30).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        driver = "unknown"
-    return (f"{torch.cuda.get_device_name(device)}, driver {driver or 'unknown'}, "
-            f"torch {torch.__version__} (CUDA {torch.version.cuda})")
-
-
 def table(results: dict, device_name: str) -> str:
     lines = [f"device: {device_name}; medians (ms)", "",
              "| model | batch | params | method | sent | fwd+bwd | compression | rest of opt.step | "
@@ -272,9 +258,9 @@ def main() -> int:
                         help="also write a profile of three steps of each run into DIR")
     args = parser.parse_args()
     device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        print("gpu_step.py: --device cuda, but this process sees no CUDA GPU; use --device cpu "
-              "--small to try it on a CPU", file=sys.stderr)
+    missing = no_cuda_line("gpu_step.py", device, "use --device cpu --small to try it on a CPU")
+    if missing:
+        print(missing, file=sys.stderr)
         return 2
     if args.small and any(m not in SMALL for m in args.models):
         print(f"gpu_step.py: --small knows {', '.join(SMALL)} only", file=sys.stderr)

@@ -61,3 +61,29 @@ def host_times(fn, inputs, repeats: int) -> list[float]:
         fn(inputs[i % len(inputs)], i)
         out.append(time.perf_counter() - start)
     return out
+
+
+def no_cuda_line(script: str, device, hint: str) -> str | None:
+    """The one line a GPU benchmark prints (then exits 2) when asked for a CUDA device this
+    process does not see; None when it sees it or another device was asked for."""
+    import torch
+    if device.type == "cuda" and not torch.cuda.is_available():
+        return f"{script}: --device cuda, but this process sees no CUDA GPU; {hint}"
+    return None
+
+
+def device_description(device) -> str:
+    """The device, its driver and torch's CUDA, as every GPU figure is recorded beside."""
+    import subprocess
+
+    import torch
+    if device.type != "cuda":
+        return f"cpu; torch {torch.__version__}"
+    try:
+        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version",
+                                 "--format=csv,noheader"],
+                                capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        driver = "unknown"
+    return (f"{torch.cuda.get_device_name(device)}, driver {driver or 'unknown'}, "
+            f"torch {torch.__version__} (CUDA {torch.version.cuda})")

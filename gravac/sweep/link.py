@@ -64,11 +64,18 @@ def can_limit() -> str | None:
     missing = [tool for tool in ("ip", "tc") if shutil.which(tool) is None]
     if missing:
         return f"{' and '.join(missing)} not found (iproute2)"
-    # Root in a container may still be refused namespaces: try one.
+    return namespace_refusal()
+
+
+def namespace_refusal() -> str | None:
+    """None when a network namespace can be made here (one is made and removed), else why
+    not: root in a container may still be refused them. The sandboxes' one probe (also
+    tests/cluster's)."""
     name = f"gravac-probe-{os.getpid()}"
     made = subprocess.run(["ip", "netns", "add", name], capture_output=True, text=True)
     if made.returncode != 0:
-        return f"network namespaces are refused here ({made.stderr.strip() or 'ip netns add failed'})"
+        return ("cannot create a network namespace here: "
+                f"{made.stderr.strip() or 'ip netns add failed'}")
     subprocess.run(["ip", "netns", "del", name], capture_output=True)
     return None
 

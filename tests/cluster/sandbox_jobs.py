@@ -38,12 +38,8 @@ def unavailable() -> str | None:
     if shutil.which("sshd") is None and not os.access("/usr/sbin/sshd", os.X_OK):
         return ("sshd not found: install openssh-server (as root: apt-get install -y "
                 "openssh-server; `make install` does it when run as root)")
-    probe = f"gravac-cluster-probe-{os.getpid()}"
-    made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
-    if made.returncode != 0:
-        return f"cannot create a network namespace here: {made.stderr.strip()}"
-    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
-    return None
+    from gravac.sweep.link import namespace_refusal
+    return namespace_refusal()
 
 
 def namespaces() -> set[str]:
