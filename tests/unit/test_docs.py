@@ -13,11 +13,10 @@ from bench_module import load_benchmark
 REPO = Path(__file__).resolve().parents[2]
 performance = load_benchmark("performance")
 
-#: The pages that describe gravac as it is. (docs/SCALING.md still tells its model's
-#: calibration history by date: not yet among them.)
+#: The pages that describe gravac as it is.
 PAGES = ["README.md", "docs/PERFORMANCE.md", "docs/USAGE.md", "docs/TRAINING.md",
-         "docs/ALGORITHM.md", "docs/RELIABILITY.md", "docs/HOROVOD.md", "docs/DDP_HOOK.md",
-         "docs/LAYOUT.md", "docs/CONFIG.md", "benchmarks/README.md"]
+         "docs/ALGORITHM.md", "docs/SCALING.md", "docs/RELIABILITY.md", "docs/HOROVOD.md",
+         "docs/DDP_HOOK.md", "docs/LAYOUT.md", "docs/CONFIG.md", "benchmarks/README.md"]
 #: Words of a diary: an issue number, a session, a calendar date.
 DIARY = re.compile(r"\bissue \d+|\bsessions?\b(?! of (?:its|their) own)|\b20\d\d-\d\d-\d\d\b",
                    re.IGNORECASE)
