@@ -75,6 +75,7 @@ report failed, 2 the sweep file or a run's config is invalid, 128 + N stopped by
 """
 
 from .runner import main
-from .spec import Sweep, SweepError, expand, load_sweep, parse_sweep
+from .errors import SweepError
+from .spec import Sweep, expand, load_sweep, parse_sweep
 
 __all__ = ["Sweep", "SweepError", "expand", "load_sweep", "main", "parse_sweep"]

@@ -22,6 +22,8 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 
+from .errors import SweepError
+
 #: tc's rate spellings that hvd_scripts/bandwidth_sandbox.sh takes (e.g. 100mbit, 1gbit).
 RATE = re.compile(r"^\d+(\.\d+)?(kbit|mbit|gbit)$")
 SANDBOX = "hvd_scripts/bandwidth_sandbox.sh"
@@ -51,7 +53,6 @@ def check_rate(field_name: str, rate) -> str | None:
         return None
     text = str(rate).strip().lower()
     if not RATE.match(text):
-        from .spec import SweepError
         raise SweepError(f"{field_name}: {rate!r} is not a link rate; write it as tc does "
                          f"(e.g. 100mbit, 1gbit, 10gbit) or none for the plain loopback")
     return text

@@ -15,6 +15,7 @@ from typing import Any, Iterable, Sequence
 
 import yaml
 
+from .errors import SweepError
 from .link import check_rate
 
 
@@ -30,10 +31,6 @@ FIXED_COLUMNS = ("name", "status", "steps", "wall_time_s", "metric", "final_metr
                  "baseline", "note")
 MAX_NAME = 120
 _UNSAFE = re.compile(r"[^A-Za-z0-9._+-]+")
-
-
-class SweepError(ValueError):
-    """A problem with the sweep file or its runs, in one line naming the field."""
 
 
 # -- the sweep file ---------------------------------------------------------------------------
