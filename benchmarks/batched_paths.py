@@ -32,7 +32,7 @@ from gravac.memory import ResidualMemory, SparseSent  # noqa: E402
 from gravac.models import build_model  # noqa: E402
 from gravac.util.segments import repeat_by_counts  # noqa: E402
 from gravac.util.sizes import matrix_shape  # noqa: E402
-from timing import device_description, no_cuda_line  # noqa: E402
+from timing import device_description, exit_without_cuda  # noqa: E402
 
 MODELS = {
     "resnet101": ("resnet101", {"num_classes": 10, "in_channels": 3}),
@@ -139,10 +139,7 @@ def main() -> int:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     device = torch.device(args.device)
-    missing = no_cuda_line("batched_paths.py", device, "--device cpu to try it here")
-    if missing:
-        print(missing, file=sys.stderr)
-        return 2
+    exit_without_cuda("batched_paths.py", device, "--device cpu to try it here")
     results = {}
     for model in args.models:
         shapes = _shapes(model)

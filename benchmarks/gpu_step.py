@@ -56,7 +56,7 @@ from gravac.controllers import Auto, GraVAC, Static  # noqa: E402
 from gravac.engine import wrap_optimizer  # noqa: E402
 from gravac.engine.phases import LOCAL_PHASES  # noqa: E402
 from gravac.models import build_model  # noqa: E402
-from timing import device_description, no_cuda_line  # noqa: E402
+from timing import device_description, exit_without_cuda  # noqa: E402
 
 #: name -> (model, options, batch, kind); kind "image" (3x32x32, 10 classes) or "lm" (bptt 35)
 MODELS = {
@@ -258,10 +258,7 @@ def main() -> int:
                         help="also write a profile of three steps of each run into DIR")
     args = parser.parse_args()
     device = torch.device(args.device)
-    missing = no_cuda_line("gpu_step.py", device, "use --device cpu --small to try it on a CPU")
-    if missing:
-        print(missing, file=sys.stderr)
-        return 2
+    exit_without_cuda("gpu_step.py", device, "use --device cpu --small to try it on a CPU")
     if args.small and any(m not in SMALL for m in args.models):
         print(f"gpu_step.py: --small knows {', '.join(SMALL)} only", file=sys.stderr)
         return 2

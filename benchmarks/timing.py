@@ -63,13 +63,16 @@ def host_times(fn, inputs, repeats: int) -> list[float]:
     return out
 
 
-def no_cuda_line(script: str, device, hint: str) -> str | None:
-    """The one line a GPU benchmark prints (then exits 2) when asked for a CUDA device this
-    process does not see; None when it sees it or another device was asked for."""
+def exit_without_cuda(script: str, device, hint: str) -> None:
+    """Where a GPU benchmark is asked for a CUDA device this process does not see: one
+    line naming the script and the way out, then exit 2; otherwise nothing."""
+    import sys
+
     import torch
     if device.type == "cuda" and not torch.cuda.is_available():
-        return f"{script}: --device cuda, but this process sees no CUDA GPU; {hint}"
-    return None
+        print(f"{script}: --device cuda, but this process sees no CUDA GPU; {hint}",
+              file=sys.stderr)
+        sys.exit(2)
 
 
 def device_description(device) -> str:

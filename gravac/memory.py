@@ -25,7 +25,7 @@ from typing import Mapping, NamedTuple
 
 import torch
 
-from .util.segments import repeat_by_counts
+from .util.segments import shift_by_segment
 
 
 #: From this many layers in one ``compensate_all`` batch their spares share one flat
@@ -198,12 +198,10 @@ class ResidualMemory:
             return
         counts = [int(sents[i].indices.numel()) for i in live]
         if sum(counts):
-            index = torch.cat([sents[i].indices.reshape(-1) for i in live]).to(torch.int64)
+            local = torch.cat([sents[i].indices.reshape(-1) for i in live]).to(torch.int64)
             values = torch.cat([sents[i].values.reshape(-1).to(flat.dtype) for i in live])
-            shift = torch.tensor([s.storage_offset() - flat.storage_offset() for s in spares],
-                                 dtype=torch.int64).to(flat.device, non_blocking=True)
-            count_t = torch.tensor(counts, dtype=torch.int64).to(flat.device, non_blocking=True)
-            index = index + repeat_by_counts(shift, count_t, index.numel())
+            index = shift_by_segment(local, counts, [s.storage_offset() - flat.storage_offset()
+                                                     for s in spares])
             flat.index_add_(0, index, values, alpha=-1)
         for i, new in zip(live, spares):
             self._swap(names[i], new, zero=False)

@@ -37,7 +37,7 @@ import torch
 from . import index_codec
 from ..util.sizes import CHUNK_HEADER_FIELDS as _HEADER_FIELDS
 from ..util.sizes import chunk_header_bytes, pad8, plain_index_bytes
-from ..util.segments import repeat_by_counts
+from ..util.segments import shift_by_segment
 
 MAGIC = 0x6772617661630001  # "gravac" + format version 1
 MAGIC_CODED = 0x6772617661630002  # version 2: coded index fields (``index_coding``)
@@ -270,10 +270,7 @@ class SparseCodec:
         if sum(counts):
             values = torch.cat([v for vals, _ in per_layer for v in vals]).to(flat.dtype)
             local = torch.cat([i for _, idxs in per_layer for i in idxs]).to(torch.int64)
-            shift = torch.tensor([self.offsets[j] for j in range(len(per_layer))],
-                                 dtype=torch.int64).to(flat.device, non_blocking=True)
-            count_t = torch.tensor(counts, dtype=torch.int64).to(flat.device, non_blocking=True)
-            index = local + repeat_by_counts(shift, count_t, local.numel())
+            index = shift_by_segment(local, counts, self.offsets[:len(per_layer)])
             flat.index_add_(0, index, values)
             if world_size > 1:
                 _divide_sent(flat, index, world_size)

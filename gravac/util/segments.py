@@ -36,3 +36,19 @@ def repeat_by_cumsum(values: torch.Tensor, counts: torch.Tensor, total: int) -> 
     marks.index_add_(0, ends, torch.ones_like(ends))
     segment = torch.cumsum(marks[:total], 0)
     return values.index_select(0, segment)
+
+
+def shift_by_segment(local: torch.Tensor, counts: list[int], offsets: list[int]) -> torch.Tensor:
+    """Concatenated per-segment indices (int64, ``counts[j]`` of them for segment j, in
+    order) as indices of one flat buffer: each shifted by its segment's offset. What lets
+    one ``index_add_`` serve every layer of a step (the residual update, the sparse
+    aggregation). The counts and offsets are the host's: no sync.
+
+    Example::
+
+        shift_by_segment(torch.tensor([0, 1, 0]), [2, 1], [0, 10])   # tensor([0, 1, 10])
+    """
+    device = local.device
+    shift = torch.tensor(offsets, dtype=torch.int64).to(device, non_blocking=True)
+    count_t = torch.tensor(counts, dtype=torch.int64).to(device, non_blocking=True)
+    return local + repeat_by_counts(shift, count_t, local.numel())
