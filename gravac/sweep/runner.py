@@ -14,9 +14,10 @@ import yaml
 from ..report import METRICS_FILE, load_run
 from ..util import job
 from ..util.atomic import atomic_write_text
+from .errors import SweepError
 from .link import LinkPlan, check_rate, link_plan
 from .results import fastest_line, finished, results_rows, write_results
-from .spec import (REPO, RunSpec, Sweep, SweepError, check_key, expand, load_sweep,
+from .spec import (REPO, RunSpec, Sweep, check_key, expand, load_sweep,
                    pick_baselines)
 
 
@@ -304,13 +305,14 @@ def execute(sweep: Sweep, runs: Sequence[RunSpec], sweep_dir: Path,
         if what == "skip":
             status[name], notes[name] = "ok", "finished in an earlier sweep (--resume)"
 
-    def save() -> None:
-        write_results(sweep, results_rows(sweep, runs, sweep_dir, status, notes, baselines),
-                      sweep_dir)
+    def save() -> list[dict]:
+        rows = results_rows(sweep, runs, sweep_dir, status, notes, baselines)
+        write_results(sweep, rows, sweep_dir)
+        return rows
 
     if sweep.source is not None:
         atomic_write_text(sweep_dir / "sweep.yaml", sweep.source.read_text())
-    save()
+    rows = save()
     # A signal between runs, as during one, ends the sweep (a running job is stopped first).
     try:
         with job.signals_raise():
@@ -341,12 +343,11 @@ def execute(sweep: Sweep, runs: Sequence[RunSpec], sweep_dir: Path,
                         f"no run_end record in {METRICS_FILE}"
                     print(f"=== {run.name} FAILED: {notes[run.name]} (log: {log_path}) ===",
                           flush=True)
-                save()
+                rows = save()
             ok = [r for r in runs if status[r.name] == "ok"]
             print(f"\nsweep {sweep.name}: {len(ok)} of {len(runs)} runs ok; results: "
                   f"{sweep_dir / 'results.md'}, {sweep_dir / 'results.csv'}")
-            verdict = fastest_line(results_rows(sweep, runs, sweep_dir, status, notes,
-                                                baselines), sweep)
+            verdict = fastest_line(rows, sweep)
             if verdict:
                 print(verdict)
             report_ok = True
