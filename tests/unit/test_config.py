@@ -274,5 +274,7 @@ def test_torchrun_with_backend_horovod_stops_before_any_run_starts(tmp_path):
     assert proc.returncode != 0
     line = ("config error: run.backend='horovod' does not match torchrun, which started this "
             "process")
-    assert proc.stderr.count(line) == 2, proc.stdout + proc.stderr
+    # Every rank refuses; the first to exit makes torchrun stop the other, which may not
+    # have printed its line yet (seen on a loaded machine): at least one line, no run.
+    assert proc.stderr.count(line) >= 1, proc.stdout + proc.stderr
     assert not (tmp_path / "r").exists()
