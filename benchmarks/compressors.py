@@ -39,11 +39,13 @@ import argparse
 import json
 import statistics
 import sys
+from pathlib import Path
 
 import torch
 
 from gravac import compressors
 from gravac.compressors import SelectContext, num_kept, triton_candidates
+import result_set
 from timing import cuda_times, median_time
 
 TARGETS = {"randomk": 0.5, "dgc": 2.5, "redsync": 5.0, "topk": 4.0}
@@ -254,7 +256,23 @@ def main():
     parser.add_argument("--repeats", type=int, default=None, help="default: 7 cpu, 25 cuda")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json", metavar="PATH", help="also write every row to PATH")
+    result_set.add_argument(parser)
     args = parser.parse_args()
+    if args.result_set:
+        result_set.check_name(args.result_set)
+    with result_set.recording_stdout() as printed:
+        data = measure(args)
+    texts = {"results.md": printed.getvalue(), "compressors.json": json.dumps(data, indent=1)}
+    if args.json:
+        Path(args.json).write_text(texts["compressors.json"])
+    result_set.keep(args.result_set, [], texts)
+    failed = [r for r in data["rows"] + data.get("topk_phases", []) if "error" in r]
+    if failed:
+        sys.exit(f"{len(failed)} row(s) raised an error (see the table)")
+
+
+def measure(args) -> dict:
+    """Print the table for ``args`` and return every row (with the set-up) as data."""
     names = args.compressors or ["topk", "dgc", "redsync", "randomk"]
     cfs = [int(cf) if float(cf).is_integer() else cf for cf in args.cfs]
     if args.device == "cuda":
@@ -269,13 +287,7 @@ def main():
         rows, phases = run_cuda(args.sizes or [10_000_000, 30_000_000, 100_000_000],
                                 cfs, names, repeats)
         print_cuda(header, rows, phases)
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump({**header, "rows": rows, "topk_phases": phases}, f, indent=1)
-        failed = [r for r in rows + phases if "error" in r]
-        if failed:
-            sys.exit(f"{len(failed)} row(s) raised an error (see the table)")
-        return
+        return {**header, "rows": rows, "topk_phases": phases}
     torch.set_num_threads(args.threads)
     repeats = args.repeats or 7
     rows = run(args.sizes or [1_000_000, 10_000_000], args.cfs, names, repeats)
@@ -289,13 +301,10 @@ def main():
             target = f"<= {TARGETS[name]}x " + ("met" if ratio <= TARGETS[name] else "MISSED")
         print(f"| {name} | {n:,} | {cf:g} | {ratio:.2f}x | {ratio_pure:.2f}x | {t_ms:.1f} | "
               f"{base_ms:.1f} | {pure_ms:.1f} | {target} |")
-    if args.json:
-        keys = ("compressor", "n", "cf", "per_abs", "per_abs_into_buffer", "median_ms",
-                "abs_ms", "abs_into_buffer_ms")
-        with open(args.json, "w") as f:
-            json.dump({"device": "cpu", "torch": torch.__version__, "threads": args.threads,
-                       "repeats": repeats, "rows": [dict(zip(keys, r)) for r in rows]},
-                      f, indent=1)
+    keys = ("compressor", "n", "cf", "per_abs", "per_abs_into_buffer", "median_ms",
+            "abs_ms", "abs_into_buffer_ms")
+    return {"device": "cpu", "torch": torch.__version__, "threads": args.threads,
+            "repeats": repeats, "rows": [dict(zip(keys, r)) for r in rows]}
 
 
 if __name__ == "__main__":

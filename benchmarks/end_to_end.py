@@ -44,6 +44,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+import result_set  # noqa: E402
 # name -> (config file, Accordion's compression file (the paper's per model kind), steps)
 WORKLOADS = {
     "lstm": ("configs/benchmarks/e2e_lstm_zipf.yaml", "accordion_lstm.yaml", 300),
@@ -426,7 +428,10 @@ def main() -> int:
                         help="do not train: summarize the runs already under --out")
     parser.add_argument("--set", dest="extra", action="append", default=[],
                         help="extra train.py override for every run (KEY=VALUE)")
+    result_set.add_argument(parser)
     args = parser.parse_args()
+    if args.result_set:
+        result_set.check_name(args.result_set)
     if args.hosts < 1 or args.np % args.hosts:
         parser.error(f"--hosts {args.hosts} must be >= 1 and divide --np {args.np}")
     if "dense" not in args.methods:
@@ -468,6 +473,7 @@ def main() -> int:
               f"command `{' '.join(sys.argv)}`\n\n")
     atomic_write_text(args.out / "results.md", header + "\n\n".join(sections) + "\n")
     atomic_write_text(args.out / "results.json", json.dumps(everything, indent=1, default=str))
+    result_set.keep(args.result_set, [args.out / "results.json", args.out / "results.md"])
     print(f"results: {args.out / 'results.md'}; reports: {args.out}/.../<rate>/<backend>/report/"
           "report.md")
     return 0

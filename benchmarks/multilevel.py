@@ -15,18 +15,21 @@ norms, the gain allreduce) divided by a static single-level compression at θmin
 through the optimizer's own code path (Horovod with one rank). Target <= 1.3x.
 
     .venv/bin/python benchmarks/multilevel.py [--models resnet101 vgg16 lstm] [--repeats 3]
+        [--result-set NAME]
 
 Ratios are measured within one run, on one CPU thread, median of ``--repeats``.
 """
 from __future__ import annotations
 
 import argparse
+import json
 
 import torch
 
 from gravac import compressors
 from gravac.compressors import SelectContext, num_kept
 from gravac.models import build_model
+import result_set
 from timing import median_time as timed
 
 MODELS = {
@@ -92,7 +95,7 @@ def part2(models, names, theta_min, theta_c, repeats, min_numel):
 
     import gravac
     from gravac.controllers import Static
-    from gravac.engine.selection import gain_row
+    from gravac.engine.selection import gain_rows, select_levels
 
     hvd.init()
     rows = []
@@ -111,14 +114,16 @@ def part2(models, names, theta_min, theta_c, repeats, min_numel):
             layers = [l for l in engine.layers if l.compressible]
             g_efs = [opt.memory.compensate(l.name, l.param.grad) for l in layers]
 
+            comp = engine.compressor
+
             def static_phase():
-                for layer, g_ef in zip(layers, g_efs):
-                    engine.select(layer, g_ef, theta_min, None, 0)
+                select_levels(comp, [(l, g, theta_min, None) for l, g in zip(layers, g_efs)],
+                              0, 0)
 
             def gravac_phase():
-                sels = [engine.select(layer, g_ef, theta_min, theta_c, 0)
-                        for layer, g_ef in zip(layers, g_efs)]
-                engine.agree_gain_rows([gain_row(s, "energy") for s in sels])
+                sels = select_levels(
+                    comp, [(l, g, theta_min, theta_c) for l, g in zip(layers, g_efs)], 0, 0)
+                engine.agree_gain_rows(gain_rows(sels, "energy"))
 
             t_static = timed(static_phase, repeats)
             t_gravac = timed(gravac_phase, repeats)
@@ -136,9 +141,22 @@ def main():
     parser.add_argument("--min-compress-numel", type=int, default=1024)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--skip-overhead", action="store_true", help="only part 1")
+    result_set.add_argument(parser)
     args = parser.parse_args()
+    if args.result_set:
+        result_set.check_name(args.result_set)
     torch.set_num_threads(args.threads)
+    with result_set.recording_stdout() as printed:
+        data = measure(args)
+    result_set.keep(args.result_set, [], {"results.md": printed.getvalue(),
+                                          "multilevel.json": json.dumps(data, indent=1)})
 
+
+def measure(args) -> dict:
+    """Print both tables for ``args`` and return their rows (seconds) as data."""
+    data = {"torch": torch.__version__, "threads": args.threads, "repeats": args.repeats,
+            "theta_min": args.theta_min, "theta_c": args.theta_c, "multilevel": [],
+            "overhead": []}
     print(f"torch {torch.__version__}, {args.threads} thread(s), median of {args.repeats}; "
           f"θmin={args.theta_min:g}, θc={args.theta_c:g}\n")
     print("Multi-level vs direct compression (target: direct / multi-level >= 1.5x)\n")
@@ -150,8 +168,11 @@ def main():
             args.min_compress_numel):
         print(f"| {model_key} | {numel:,} ({n_layers}) | {name} | {t_d * 1e3:.0f} | "
               f"{t_m * 1e3:.0f} | {t_s * 1e3:.0f} | {t_d / t_m:.2f}x |")
+        data["multilevel"].append({"model": model_key, "numel": numel, "layers": n_layers,
+                                   "compressor": name, "direct": t_d, "multilevel": t_m,
+                                   "theta_min_only": t_s})
     if args.skip_overhead:
-        return
+        return data
     print("\nGraVAC compression phase vs static single-level at θmin (target <= 1.3x)\n")
     print("| model | compressor | static θmin (ms) | GraVAC: 2 levels + norms + allreduce (ms) "
           "| ratio |")
@@ -161,7 +182,9 @@ def main():
             args.min_compress_numel):
         print(f"| {model_key} | {name} | {t_static * 1e3:.0f} | {t_gravac * 1e3:.0f} | "
               f"{t_gravac / t_static:.2f}x |")
-
+        data["overhead"].append({"model": model_key, "compressor": name, "static": t_static,
+                                 "gravac": t_gravac})
+    return data
 
 if __name__ == "__main__":
     main()

@@ -8,6 +8,10 @@ wrote and a README that records the commit, the versions, the machine and the co
         --command "sudo .venv/bin/python benchmarks/end_to_end.py --workload lstm ..." \\
         runs/benchmarks/e2e/results.json runs/benchmarks/e2e/results.md
 
+The benchmarks keep their own output this way when given ``--result-set NAME``
+(``add_argument``, ``check_name`` before the work, ``keep`` after it), recording the
+command as it was typed.
+
 A set is never edited afterwards: an existing NAME is refused. The README's first lines
 are written here; what the set shows is for its author to add below them, before naming
 the set in ``docs/results/current.yaml`` (``benchmarks/performance.py`` renders the current
@@ -16,14 +20,18 @@ sets into docs/PERFORMANCE.md).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import os
 import platform
 import re
+import shlex
 import shutil
 import subprocess
 import sys
 from datetime import date
 from pathlib import Path
+from typing import Iterator
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "docs" / "results"
@@ -70,33 +78,111 @@ def provenance() -> dict[str, str]:
             "date": date.today().isoformat()}
 
 
-def write_result_set(name: str, command: str, files: list[Path],
-                     root: Path = RESULTS) -> Path:
-    """Make ``root/name`` with ``files`` and its README header; refuse an existing set, a
-    bad name or a missing file (before anything is written)."""
+def check_name(name: str, root: Path | None = None) -> None:
+    """Refuse a bad NAME or one that is taken: a benchmark calls this before it measures."""
+    root = RESULTS if root is None else root
     if not NAME.match(name):
         raise SystemExit(f"result_set.py: NAME {name!r}: use letters, digits, '.', '_', '+' "
                          "or '-' (e.g. cpu_lstm_1gbit_2026-12-01)")
-    folder = root / name
-    if folder.exists():
-        raise SystemExit(f"result_set.py: {folder} exists; a result set is never edited "
+    if (root / name).exists():
+        raise SystemExit(f"result_set.py: {root / name} exists; a result set is never edited "
                          "(give the new measurement a new name)")
+
+
+def write_result_set(name: str, command: str, files: list[Path],
+                     root: Path | None = None, texts: dict[str, str] | None = None) -> Path:
+    """Make ``root/name`` with ``files`` (and ``texts``: file name -> content) and its
+    README header; refuse an existing set, a bad name or a missing file (before anything
+    is written)."""
+    root = RESULTS if root is None else root
+    check_name(name, root)
+    folder = root / name
+    texts = texts or {}
     missing = [str(f) for f in files if not f.is_file()]
     if missing:
         raise SystemExit(f"result_set.py: no such file: {', '.join(missing)}")
-    names = [f.name for f in files]
+    names = [f.name for f in files] + list(texts)
     if len(set(names)) != len(names):
         raise SystemExit("result_set.py: two files share a name; copy one under another name")
     p = provenance()
     folder.mkdir(parents=True)
     for f in files:
         shutil.copy2(f, folder / f.name)
+    for file_name, text in texts.items():
+        (folder / file_name).write_text(text)
     (folder / "README.md").write_text(
         f"# {name}\n\n"
         f"Machine: {p['machine']}. Versions: {p['versions']}. Code: commit {p['commit']}. "
         f"Kept on {p['date']}. The command, from the repository's root:\n\n"
         f"    {command}\n\n"
         f"Files: {', '.join(f'`{n}`' for n in names)}.\n")
+    return folder
+
+
+def add_argument(parser: argparse.ArgumentParser) -> None:
+    """A benchmark's ``--result-set NAME`` option.
+
+        result_set.add_argument(parser)
+        args = parser.parse_args()
+        if args.result_set:
+            result_set.check_name(args.result_set)     # before any measuring
+        ...
+        result_set.keep(args.result_set, [out / "results.json", out / "results.md"])
+    """
+    parser.add_argument("--result-set", metavar="NAME",
+                        help="also keep what this run writes as docs/results/NAME/, with the "
+                             "commit, versions, machine and this command (a new NAME: a set "
+                             "is never edited)")
+
+
+def invocation(argv: list[str] | None = None) -> str:
+    """The running command as typed from the repository's root (``sudo`` where root ran it
+    through sudo): what a result set's README records."""
+    argv = list(sys.argv if argv is None else argv)
+    python = Path(sys.executable)
+    script = Path(argv[0]).resolve()
+    words = [str(python.relative_to(REPO)) if python.is_relative_to(REPO) else "python3",
+             str(script.relative_to(REPO)) if script.is_relative_to(REPO) else argv[0],
+             *argv[1:]]
+    sudo = "sudo " if os.environ.get("SUDO_USER") and os.geteuid() == 0 else ""
+    return sudo + shlex.join(words)
+
+
+@contextlib.contextmanager
+def recording_stdout() -> Iterator[io.StringIO]:
+    """Print as usual and also collect what is printed: a benchmark whose output is its
+    printed tables keeps them as its set's ``results.md``.
+
+        with result_set.recording_stdout() as printed:
+            print_tables()
+        result_set.keep(args.result_set, [], {"results.md": printed.getvalue()})
+    """
+    buffer, real = io.StringIO(), sys.stdout
+
+    class _Both(io.TextIOBase):
+        def write(self, text: str) -> int:
+            buffer.write(text)
+            return real.write(text)
+
+        def flush(self) -> None:
+            real.flush()
+
+    sys.stdout = _Both()
+    try:
+        yield buffer
+    finally:
+        sys.stdout = real
+
+
+def keep(name: str | None, files: list[Path],
+         texts: dict[str, str] | None = None) -> Path | None:
+    """Keep ``files`` (and ``texts``: file name -> content) as the result set ``name``;
+    nothing when ``name`` is None."""
+    if not name:
+        return None
+    folder = write_result_set(name, invocation(), files, texts=texts)
+    print(f"kept {folder.relative_to(REPO) if folder.is_relative_to(REPO) else folder}: add "
+          "what it shows to its README, then name it in docs/results/current.yaml")
     return folder
 
 

@@ -35,6 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from end_to_end import BACKENDS, METHODS, REPO, WORKLOADS, run_one  # noqa: E402
+import result_set  # noqa: E402
 
 sys.path.insert(0, str(REPO))
 from gravac.engine.phases import WAIT_PHASES  # noqa: E402
@@ -172,7 +173,10 @@ def main() -> int:
     parser.add_argument("--all-ranks", action="store_true",
                         help="every rank records its phases (run.rank_phases): a table per "
                              "rank and the skew between them")
+    result_set.add_argument(parser)
     args = parser.parse_args()
+    if args.result_set:
+        result_set.check_name(args.result_set)
     if args.steps <= args.warmup:
         parser.error(f"--steps ({args.steps}) must exceed --warmup ({args.warmup})")
     rate_bps = bits_per_second(args.rate)
@@ -211,6 +215,7 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "profile.md").write_text(text + "\n")
     (args.out / "profile.json").write_text(json.dumps(results, indent=1))
+    result_set.keep(args.result_set, [args.out / "profile.json", args.out / "profile.md"])
     return 0
 
 

@@ -36,3 +36,59 @@ def test_bad_input_is_refused_before_anything_is_written(tmp_path, name, files, 
     with pytest.raises(SystemExit, match=message):
         result_set.write_result_set(name, "cmd", [tmp_path / f for f in files], root=root)
     assert sorted(p.name for p in root.iterdir()) == before
+
+
+def test_a_benchmark_keeps_its_files_and_printed_tables_with_the_command(tmp_path,
+                                                                        monkeypatch, capsys):
+    monkeypatch.setattr(result_set, "RESULTS", tmp_path)
+    monkeypatch.setattr(result_set.sys, "argv", [str(result_set.REPO / "benchmarks/x.py"),
+                                                 "--rates", "1gbit", "--label", "a b"])
+    monkeypatch.delenv("SUDO_USER", raising=False)
+    (tmp_path / "out.json").write_text("{}")
+    result_set.check_name("cpu_x_2026-12-01")
+    with result_set.recording_stdout() as printed:
+        print("| table |")
+    assert capsys.readouterr().out == "| table |\n"     # still printed
+    folder = result_set.keep("cpu_x_2026-12-01", [tmp_path / "out.json"],
+                             {"results.md": printed.getvalue()})
+    assert (folder / "results.md").read_text() == "| table |\n"
+    assert (folder / "out.json").read_text() == "{}"
+    readme = (folder / "README.md").read_text()
+    assert "benchmarks/x.py --rates 1gbit --label 'a b'\n" in readme
+    assert str(result_set.REPO) not in readme.split("Files:")[0].split("command")[1]
+    assert result_set.keep(None, [tmp_path / "out.json"]) is None
+    with pytest.raises(SystemExit, match="is never edited"):
+        result_set.check_name("cpu_x_2026-12-01")
+
+
+def test_the_command_of_a_run_under_sudo_says_so(monkeypatch):
+    monkeypatch.setenv("SUDO_USER", "someone")
+    monkeypatch.setattr(result_set.os, "geteuid", lambda: 0)
+    assert result_set.invocation(["benchmarks/end_to_end.py", "--rounds", "2"]).startswith(
+        "sudo ")
+    assert result_set.invocation(["benchmarks/end_to_end.py"]).endswith(
+        "benchmarks/end_to_end.py")
+
+
+@pytest.mark.parametrize("script, args, expect", [
+    ("compressors.py", ["--sizes", "20000", "--cfs", "10", "--repeats", "1",
+                        "--compressors", "topk", "randomk"], ["| topk | 20,000 | 10 |"]),
+    # Part 2 drives the engine's own selection and gains round (1 Horovod rank): it breaks
+    # when the engine's interface moves, which is what this catches.
+    ("multilevel.py", ["--models", "lstm", "--compressors", "randomk", "--repeats", "1"],
+     ["| lstm | 51,034,000 (10) | randomk |", "GraVAC compression phase", "| lstm | randomk |"]),
+])
+def test_the_cpu_benchmarks_run_and_refuse_a_taken_result_set(script, args, expect):
+    import subprocess
+    import sys
+    run = subprocess.run([sys.executable, str(result_set.REPO / "benchmarks" / script), *args],
+                         capture_output=True, text=True, cwd=result_set.REPO)
+    assert run.returncode == 0, run.stderr[-2000:]
+    for text in expect:
+        assert text in run.stdout
+    taken = next(p.name for p in result_set.RESULTS.iterdir() if p.is_dir())
+    refused = subprocess.run([sys.executable, str(result_set.REPO / "benchmarks" / script),
+                              *args, "--result-set", taken],
+                             capture_output=True, text=True, cwd=result_set.REPO)
+    assert refused.returncode == 1 and "is never edited" in refused.stderr
+    assert refused.stdout == ""                        # refused before measuring
