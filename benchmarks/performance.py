@@ -14,7 +14,10 @@ data. ``current.yaml`` says which sets are the current numbers; this script rend
   against dense's and the floats it sent; the README table condenses them;
 * ``gpu`` sets (``benchmarks/cuda_check.sh``): the step breakdown, the compressors against
   one pass and the batched paths;
-* ``table`` sets: their ``results.md`` as it is.
+* ``table`` sets: their ``results.md`` (or ``file``) as the benchmark printed it;
+* ``choose`` sections: per e2e set, the fastest method to dense's target, gravac's best
+  configuration against the fastest alternative, and so which one to use there;
+* ``text`` sections: their introduction only (how the numbers are measured).
 
 Every number links to its set; nothing here is typed by hand.
 """
@@ -136,6 +139,37 @@ def readme_table(entries: list[dict]) -> list[str]:
     return lines
 
 
+def _median(values: list[float | None]) -> float:
+    """The median over the rounds, a round that never reached the target counting as
+    infinitely slow."""
+    ordered = sorted(float("inf") if v is None else v for v in values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def choose_table(entries: list[dict]) -> list[str]:
+    """Per workload and link: gravac's fastest configuration to dense's target, its time
+    against the fastest alternative of each round (the median over the rounds), and what to
+    use there: gravac where that median is at most 1, else the alternative with the lowest
+    median time."""
+    lines = ["| workload | link | gravac's fastest | time to dense's target vs the fastest "
+             "alternative (median of the rounds) | use | result set |",
+             "|---|---|---|---:|---|---|"]
+    for entry in entries:
+        rows = e2e_rows(entry["set"])
+        ours = min((r for r in rows if r["method"] in entry["gravac"]),
+                   key=lambda r: _median(r["ttt"]))
+        peer = min((r for r in rows if r["method"] in PEERS), key=lambda r: _median(r["ttt"]))
+        versus = _median(ours["vs_peer"])
+        against = ", ".join(sorted({PEER_NAMES.get(p, p) for p in ours["peers"]}))
+        use = f"gravac (`{ours['method']}`)" if versus <= 1.0 else \
+            PEER_NAMES.get(peer["method"], peer["method"])
+        lines.append(f"| {entry['workload']} | {entry['link']} | `{ours['method']}` | "
+                     f"{'never' if versus == float('inf') else f'{versus:.2f}x'} "
+                     f"({against}) | {use} | {_link(entry['set'])} |")
+    return lines + [""]
+
+
 def gpu_section(entry: dict) -> list[str]:
     folder = RESULTS / entry["set"]
     step = json.loads((folder / "gpu_step.json").read_text())
@@ -170,7 +204,13 @@ def gpu_section(entry: dict) -> list[str]:
 
 def table_section(entry: dict) -> list[str]:
     text = (RESULTS / entry["set"] / entry.get("file", "results.md")).read_text()
-    body = [ln for ln in text.splitlines() if not ln.startswith("# ")]
+    body = []
+    for line in text.splitlines():
+        if line.startswith("# "):
+            continue
+        if line.startswith("|") and body and body[-1] and not body[-1].startswith("|"):
+            body.append("")      # a table needs a blank line after a paragraph line
+        body.append(line)
     return [f"({_link(entry['set'])})", "", *body, ""]
 
 
@@ -183,8 +223,11 @@ def performance_md(current: dict) -> str:
         lines += [f"## {section['title']}", ""]
         if section.get("intro"):
             lines += [section["intro"].strip(), ""]
-        for entry in section["sets"]:
-            render = {"e2e": e2e_table, "gpu": gpu_section, "table": table_section}
+        if section["kind"] == "choose":
+            lines += choose_table(section["sets"])
+            continue
+        render = {"e2e": e2e_table, "gpu": gpu_section, "table": table_section}
+        for entry in section.get("sets", []):
             lines += render[section["kind"]](entry)
     return "\n".join(lines).rstrip() + "\n"
 

@@ -3,6 +3,7 @@ benchmarks/performance.py makes of the result sets docs/results/current.yaml nam
 set they name is in the repository with its README, no page cites a section number of a
 page that moves, and the pages that describe gravac speak of what is, not of when it
 came to be (dates belong to result sets and docs/notes/)."""
+import json
 import re
 from pathlib import Path
 
@@ -32,7 +33,7 @@ def test_performance_page_and_readme_table_are_generated_from_the_result_sets():
 def test_every_result_set_named_is_kept_with_its_readme():
     current = performance.load_current()
     named = [e["set"] for e in current["readme"]] + \
-        [e["set"] for s in current["sections"] for e in s["sets"]]
+        [e["set"] for s in current["sections"] for e in s.get("sets", [])]
     assert named
     for name in named:
         folder = REPO / "docs" / "results" / name
@@ -46,6 +47,37 @@ def test_the_readme_table_links_every_row_to_its_result_set():
     assert len(rows) == len(performance.load_current()["readme"])
     for row in rows:
         assert re.search(r"\]\(docs/results/[\w.-]+/\) \|$", row), row
+
+
+def _e2e_set(root: Path, name: str, times: dict[str, list[float | None]]) -> None:
+    """An end_to_end.py results.json: one rate, one backend, a round per list entry."""
+    rounds = {}
+    for r in range(len(next(iter(times.values())))):
+        runs = {m: {"time_to_target": t[r], "samples_per_sec": 10.0, "final_loss": 2.0,
+                    "floats_ratio": 1.0} for m, t in times.items()}
+        rounds[f"round{r + 1}"] = {"target": 2.1, "runs": runs}
+    (root / name).mkdir(parents=True)
+    (root / name / "results.json").write_text(json.dumps({"1gbit": {"torch": rounds}}))
+
+
+def test_the_choice_table_says_to_use_gravac_only_where_it_beats_the_fastest_peer(
+        tmp_path, monkeypatch):
+    monkeypatch.setattr(performance, "RESULTS", tmp_path)
+    _e2e_set(tmp_path, "wins", {"dense": [100, 100], "horovod_fp16": [60, 70],
+                                "gravac_auto": [50, 80]})       # 50/60, 80/70: median 0.99
+    _e2e_set(tmp_path, "loses", {"dense": [100, 100], "horovod_fp16": [60, 60],
+                                 "gravac_recommended": [None, 50], "gravac_auto": [70, 70]})
+    lines = performance.choose_table([
+        {"set": "wins", "workload": "A", "link": "1 Gbit/s", "gravac": ["gravac_auto"]},
+        {"set": "loses", "workload": "B", "link": "1 Gbit/s",
+         "gravac": ["gravac_recommended", "gravac_auto"]}])
+    wins, loses = lines[2], lines[3]
+    assert "| A | 1 Gbit/s | `gravac_auto` | 0.99x (DDP's fp16 hook) | " \
+        "gravac (`gravac_auto`) |" in wins
+    # A run that never reached the target counts as infinitely slow in the median: the
+    # recommended config's median is never, so auto (70/60) is gravac's fastest, and loses.
+    assert "| B | 1 Gbit/s | `gravac_auto` | 1.17x (DDP's fp16 hook) | DDP's fp16 hook |" \
+        in loses
 
 
 @pytest.mark.parametrize("page", PAGES)
