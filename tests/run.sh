@@ -6,7 +6,8 @@
 # horovodrun -np 2 --gloo and under torchrun --nproc-per-node 2 (gloo); fault tests
 # (tests/faults: killed and frozen ranks, property-based tests) launch their own jobs;
 # cluster tests (tests/cluster) launch jobs across the hosts of
-# hvd_scripts/cluster_sandbox.sh (root only: skipped, with the reason, elsewhere). Ends
+# hvd_scripts/cluster_sandbox.sh (root only: skipped, with the reason, elsewhere); with two
+# cores or more, `all` runs the fault and cluster tests side by side. Ends
 # with one plain line "tests: N passed, N failed, N skipped" counting all of them.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -31,7 +32,8 @@ if [ "$what" = all ] || [ "$what" = unit ]; then
     # of their own after the first.
     split=(tests/unit/test_configs_dry_run.py
            tests/unit/test_resume_config.py tests/unit/test_train_local.py
-           tests/unit/test_scripts.py tests/unit/test_horovod_examples.py)
+           tests/unit/test_scripts.py tests/unit/test_horovod_examples.py
+           tests/unit/test_result_set.py)
     unit_a() {
         "$PY" -m pytest "${split[@]}" -q -p no:cacheprovider --junitxml="$results/unit-a.xml"
     }
@@ -72,7 +74,7 @@ if [ "$what" = all ] || [ "$what" = parallel ]; then
 fi
 faults() {
     echo "== fault tests =="
-    "$PY" -m pytest tests/faults -q -p no:cacheprovider --junitxml="$results/faults.xml"
+    "$PY" -m pytest tests/faults -q -p no:cacheprovider --junitxml="$results/faults.xml" "$@"
 }
 cluster() {
     echo "== cluster tests (network namespaces as hosts: Horovod, torchrun, Elastic) =="
@@ -82,10 +84,15 @@ if [ "$what" = all ] && [ "$(nproc 2>/dev/null || echo 1)" -ge 2 ]; then
     # Side by side: much of a fault test is waiting (for a watchdog, a launcher's grace
     # period, a rendezvous), which the cluster tests' training fills. Their bounds are on
     # how a job ends after a fault, not on speed; the cluster hosts are network
-    # namespaces of their own, so the two share no ports.
-    faults > "$results/faults.log" 2>&1 &
+    # namespaces of their own, so the two share no ports. The signal tests follow the
+    # cluster tests, so that both lanes end about together.
+    late=tests/faults/test_signals.py
+    faults --ignore="$late" > "$results/faults.log" 2>&1 &
     pid_faults=$!
-    cluster > "$results/cluster.log" 2>&1 || status=1
+    { cluster; c=$?
+      echo "== fault tests: $late =="
+      "$PY" -m pytest "$late" -q -p no:cacheprovider --junitxml="$results/faults-late.xml"
+      l=$?; [ $c = 0 ] && [ $l = 0 ]; } > "$results/cluster.log" 2>&1 || status=1
     wait $pid_faults || status=1
     cat "$results/faults.log" "$results/cluster.log"
 else
