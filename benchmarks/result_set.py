@@ -90,10 +90,11 @@ def check_name(name: str, root: Path | None = None) -> None:
 
 
 def write_result_set(name: str, command: str, files: list[Path],
-                     root: Path | None = None, texts: dict[str, str] | None = None) -> Path:
+                     root: Path | None = None, texts: dict[str, str] | None = None,
+                     origin: dict[str, str] | None = None) -> Path:
     """Make ``root/name`` with ``files`` (and ``texts``: file name -> content) and its
-    README header; refuse an existing set, a bad name or a missing file (before anything
-    is written)."""
+    README header (``origin``: the provenance to state, by default the present one);
+    refuse an existing set, a bad name or a missing file (before anything is written)."""
     root = RESULTS if root is None else root
     check_name(name, root)
     folder = root / name
@@ -104,7 +105,7 @@ def write_result_set(name: str, command: str, files: list[Path],
     names = [f.name for f in files] + list(texts)
     if len(set(names)) != len(names):
         raise SystemExit("result_set.py: two files share a name; copy one under another name")
-    p = provenance()
+    p = origin or provenance()
     folder.mkdir(parents=True)
     for f in files:
         shutil.copy2(f, folder / f.name)
@@ -119,8 +120,12 @@ def write_result_set(name: str, command: str, files: list[Path],
     return folder
 
 
+#: What ``provenance()`` said when the running benchmark began (``add_argument``).
+_STARTED_FROM: dict[str, str] | None = None
+
+
 def add_argument(parser: argparse.ArgumentParser) -> None:
-    """A benchmark's ``--result-set NAME`` option.
+    """A benchmark's ``--result-set NAME`` option; notes the commit the run starts from.
 
         result_set.add_argument(parser)
         args = parser.parse_args()
@@ -129,6 +134,8 @@ def add_argument(parser: argparse.ArgumentParser) -> None:
         ...
         result_set.keep(args.result_set, [out / "results.json", out / "results.md"])
     """
+    global _STARTED_FROM
+    _STARTED_FROM = provenance()     # the code the run measures, whatever is committed later
     parser.add_argument("--result-set", metavar="NAME",
                         help="also keep what this run writes as docs/results/NAME/, with the "
                              "commit, versions, machine and this command (a new NAME: a set "
@@ -180,7 +187,7 @@ def keep(name: str | None, files: list[Path],
     nothing when ``name`` is None."""
     if not name:
         return None
-    folder = write_result_set(name, invocation(), files, texts=texts)
+    folder = write_result_set(name, invocation(), files, texts=texts, origin=_STARTED_FROM)
     print(f"kept {folder.relative_to(REPO) if folder.is_relative_to(REPO) else folder}: add "
           "what it shows to its README, then name it in docs/results/current.yaml")
     return folder

@@ -45,6 +45,12 @@ def test_a_benchmark_keeps_its_files_and_printed_tables_with_the_command(tmp_pat
                                                  "--rates", "1gbit", "--label", "a b"])
     monkeypatch.delenv("SUDO_USER", raising=False)
     (tmp_path / "out.json").write_text("{}")
+    monkeypatch.setattr(result_set, "_STARTED_FROM", None)     # restored afterwards
+    monkeypatch.setattr(result_set, "provenance", lambda: {
+        "commit": "abc1234", "versions": "Python 3", "machine": "m", "date": "2026-12-01"})
+    result_set.add_argument(result_set.argparse.ArgumentParser())     # the run starts
+    monkeypatch.setattr(result_set, "provenance", lambda: {
+        "commit": "def5678", "versions": "Python 3", "machine": "m", "date": "2026-12-01"})
     result_set.check_name("cpu_x_2026-12-01")
     with result_set.recording_stdout() as printed:
         print("| table |")
@@ -55,6 +61,7 @@ def test_a_benchmark_keeps_its_files_and_printed_tables_with_the_command(tmp_pat
     assert (folder / "out.json").read_text() == "{}"
     readme = (folder / "README.md").read_text()
     assert "benchmarks/x.py --rates 1gbit --label 'a b'\n" in readme
+    assert "commit abc1234" in readme      # what ran, not what was committed meanwhile
     assert str(result_set.REPO) not in readme.split("Files:")[0].split("command")[1]
     assert result_set.keep(None, [tmp_path / "out.json"]) is None
     with pytest.raises(SystemExit, match="is never edited"):
