@@ -17,6 +17,7 @@ import json
 import math
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -71,20 +72,40 @@ def _close_tensorboard(writer, logdir: Path) -> None:
         return
     except (OSError, ValueError) as exc:
         print(f"TensorBoard events in {logdir} may lack their last steps ({exc})", flush=True)
-    # tensorboardX left its file, its writer thread and its exit hook to retry the write,
-    # each of which would print a traceback after gravac's line: its event files (an
-    # internal of tensorboardX 2.x) are closed and replaced by a sink, then it closes.
+    # tensorboardX left its files, its writer threads and its exit hook to retry the write,
+    # each of which would print a traceback after gravac's line. Its event files (an
+    # internal of tensorboardX 2.x) are swapped for a sink while its threads may still
+    # write; closing the writer then joins the threads, and only then are the files closed
+    # (a file closed under a running thread made it print "write to closed file"). What
+    # the threads raise meanwhile is the failure the line above reported.
     try:
-        for file_writer in writer.all_writers.values():
-            records = file_writer.event_writer._ev_writer._py_recordio_writer
-            try:
-                records._writer.close()
-            except (OSError, ValueError):
-                pass                       # the same failure: the file is closed anyway
+        recorders = [fw.event_writer._ev_writer._py_recordio_writer
+                     for fw in writer.all_writers.values()]
+        workers = {fw.event_writer._worker for fw in writer.all_writers.values()}
+    except AttributeError:
+        return                             # another tensorboardX: its own messages remain
+    previous = threading.excepthook
+
+    def quiet(args) -> None:
+        if args.thread not in workers or not issubclass(args.exc_type, (OSError, ValueError)):
+            previous(args)
+
+    threading.excepthook = quiet
+    files = []
+    try:
+        for records in recorders:
+            files.append(records._writer)
             records._writer = _Discard()
         writer.close()
     except (AttributeError, OSError, ValueError):
-        pass                               # another tensorboardX: its own messages remain
+        pass
+    finally:
+        threading.excepthook = previous
+    for file in files:
+        try:
+            file.close()
+        except (OSError, ValueError):
+            pass                           # the same failure: the file is closed anyway
 
 
 def plain_progress(step: int, total: int, elapsed: float, steps_done: int, loss=None, cf=None,
