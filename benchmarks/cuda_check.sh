@@ -68,11 +68,12 @@ part resume "$PY" train.py --config configs/demo.yaml --set run.backend=local \
 TAIL=20 part batched_paths "$PY" benchmarks/batched_paths.py --json "$out/batched_paths.json"
 TAIL=60 part compressors "$PY" benchmarks/compressors.py --device cuda --json "$out/compressors.json"
 # The paper's batch sizes with every method (the flat residual update against the
-# layer-by-layer one, the Triton candidates against torch.topk), then 4x the batch.
+# layer-by-layer one, one gather of the kept values against one per layer, the Triton
+# candidates against torch.topk), in interleaved rounds, then 4x the batch.
 TAIL=32 part step "$PY" benchmarks/gpu_step.py --models resnet101 lstm \
-    --methods plain dense topk10 topk10_layerwise_residual gravac10 \
-    gravac10_layerwise_residual topk10_triton gravac10_triton powersgd4 \
-    powersgd4_layerwise_orthogonalize auto \
+    --methods plain dense topk10 topk10_layerwise_residual topk10_layerwise_gather gravac10 \
+    gravac10_layerwise_residual gravac10_layerwise_gather topk10_triton gravac10_triton \
+    powersgd4 powersgd4_layerwise_orthogonalize auto \
     --json "$out/gpu_step.json" --profile "$out/profiles"
 [ -n "${QUICK:-}" ] || TAIL=14 part step_large "$PY" benchmarks/gpu_step.py \
     --models resnet101_b128 lstm_b80 --methods plain topk10 gravac10 powersgd4 \

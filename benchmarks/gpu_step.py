@@ -2,7 +2,9 @@
 
 For each model at the paper's batch size and each method, trains ``--steps`` steps in one
 process (gravac's optimizer over the local transport: the whole compression path runs,
-nothing travels) and prints medians after ``--warmup`` steps:
+nothing travels) and prints medians after ``--warmup`` steps; every method of a model is
+built first, and the steps run in ``--rounds`` interleaved rounds (each method in turn),
+so that a drift of the host's speed touches every method alike:
 
   forward+backward | compression (the engine's local phases: error feedback, both
   levels' selection, norms, residual, pack, unpack) | the rest of opt.step() (update,
@@ -19,7 +21,10 @@ instead of ``torch.topk``, takes the sampled path with Triton's candidate kernel
 (``device_candidates="triton"``: the LSTM's 9-15M-entry layers, ResNet-101's largest);
 ``topk10_layerwise_residual`` / ``gravac10_layerwise_residual``: the residuals updated one
 layer at a time (``FLAT_UPDATE_MIN_LAYERS`` out of reach) instead of by one launch over
-their flat buffer: the before and after of that change in one run; ``powersgd4``:
+their flat buffer: the before and after of that change in one run;
+``topk10_layerwise_gather`` / ``gravac10_layerwise_gather``: the values each level kept
+gathered one layer at a time (``GATHER_MIN_LAYERS`` out of reach) instead of by one launch
+over all layers; ``powersgd4``:
 PowerSGD at rank 4 (``Static(rank=4)``), ``powersgd4_layerwise_orthogonalize`` the same
 with each layer's Gram-Schmidt on its own instead of all layers' at once; ``auto``: the method choice (``controller:
 auto``) over the local transport, where nothing travels, so it shows what its trials cost
@@ -31,7 +36,8 @@ Models (``--models``): ``resnet101`` (CIFAR-10 images, batch 32), ``lstm`` (2 la
 / ``lstm_b80`` (4x the batch: the compression cost stays, the compute grows).
 
     python benchmarks/gpu_step.py [--device cuda] [--models resnet101 lstm]
-        [--methods plain dense topk10 gravac10] [--steps 30] [--warmup 10] [--json OUT]
+        [--methods plain dense topk10 gravac10] [--steps 30] [--warmup 10] [--rounds 3]
+        [--json OUT]
 
 Runs on CPU too (``--device cpu --small``: tiny models, for the tests).
 """
@@ -42,6 +48,8 @@ import json
 import statistics
 import sys
 import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -54,6 +62,7 @@ from gravac import memory as memory_module  # noqa: E402
 from gravac.compressors import powersgd as powersgd_module  # noqa: E402
 from gravac.controllers import Auto, GraVAC, Static  # noqa: E402
 from gravac.engine import wrap_optimizer  # noqa: E402
+from gravac.engine import selection as selection_module  # noqa: E402
 from gravac.engine.phases import LOCAL_PHASES  # noqa: E402
 from gravac.models import build_model  # noqa: E402
 from timing import device_description, exit_without_cuda  # noqa: E402
@@ -75,11 +84,12 @@ SMALL = {
 }
 METHODS = ("plain", "dense", "topk10", "gravac10", "topk10_per_layer", "gravac10_per_layer",
            "topk10_triton", "gravac10_triton", "topk10_layerwise_residual",
-           "gravac10_layerwise_residual", "powersgd4", "powersgd4_layerwise_orthogonalize",
-           "auto")
+           "gravac10_layerwise_residual", "topk10_layerwise_gather", "gravac10_layerwise_gather",
+           "powersgd4", "powersgd4_layerwise_orthogonalize", "auto")
 #: Method suffix -> (module, threshold) set out of reach for the run: the one-launch path
 #: it names replaced by its per-layer loop, the "before" of that path in the same call.
 LAYERWISE = {"_layerwise_residual": (memory_module, "FLAT_UPDATE_MIN_LAYERS"),
+             "_layerwise_gather": (selection_module, "GATHER_MIN_LAYERS"),
              "_layerwise_orthogonalize": (powersgd_module, "BATCH_MIN_MATRICES")}
 BPTT = 35
 
@@ -128,79 +138,133 @@ def _sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def measure(model_name: str, method: str, device, steps: int, warmup: int,
-            small: bool = False, profile: Path | None = None) -> dict:
-    """Median milliseconds of each part of the step for one model and method; with
-    ``profile`` (a folder), three more ``opt.step()`` calls under torch's profiler, their
-    kernels and operators by time written to ``profile/<model>_<method>.txt``."""
-    name, options, batch, kind = (SMALL if small else MODELS)[model_name]
-    # "_layerwise_...": a batched path out of reach for this run only (its before)
+@contextmanager
+def _batched_path_off(method: str):
+    """For a ``_layerwise_...`` method, its batched path out of reach while it runs (its
+    "before"); for any other method nothing."""
     toggle = next((t for suffix, t in LAYERWISE.items() if method.endswith(suffix)), None)
     saved = getattr(*toggle) if toggle else None
     if toggle:
         setattr(*toggle, 1 << 30)
     try:
-        return _measure(model_name, name, options, batch, kind, method, device, steps, warmup,
-                        profile)
+        yield
     finally:
         if toggle:
             setattr(*toggle, saved)
 
 
-def _measure(model_name, name, options, batch, kind, method, device, steps, warmup,
-             profile: Path | None = None) -> dict:
+@dataclass
+class Setup:
+    """One model and method, built once and trained in several rounds."""
+
+    method: str
+    model: torch.nn.Module
+    opt: object
+    batches: list
+    kind: str
+    batch: int
+    rows: list = field(default_factory=list)
+    done: int = 0
+
+
+def _setup(model_name: str, method: str, device, small: bool = False) -> Setup:
+    name, options, batch, kind = (SMALL if small else MODELS)[model_name]
     torch.manual_seed(0)
     model = build_model(name, **options).to(device)
-    opt = _optimizer(method, model)
-    batches = _batches(kind, batch, device, options.get("vocab_size", 0))
-    rows = []
-    for i in range(warmup + steps):
-        x, y = batches[i % len(batches)]
-        _sync(device)
-        t0 = time.perf_counter()
-        opt.zero_grad()
-        if kind == "image":
-            loss = F.cross_entropy(model(x), y)
-        else:
-            logits, _ = model(x)
-            loss = F.cross_entropy(logits, y)
-        loss.backward()
-        _sync(device)
-        t1 = time.perf_counter()
-        opt.step()
-        _sync(device)
-        t2 = time.perf_counter()
-        if i < warmup:
-            continue
-        stats = getattr(opt, "last_stats", None)
-        compress = stats.t_compress if stats is not None and stats.t_compress is not None else 0.0
-        rows.append({"fwd_bwd": t1 - t0, "opt_step": t2 - t1, "compress": compress,
-                     "step": t2 - t0,
-                     "sent": None if stats is None else (stats.method or stats.sent),
-                     "cf": None if stats is None else stats.cf,
-                     **{p: (getattr(stats, p) or 0.0) if stats is not None else 0.0
-                        for p in LOCAL_PHASES}})
+    with _batched_path_off(method):
+        opt = _optimizer(method, model)
+    return Setup(method, model, opt, _batches(kind, batch, device, options.get("vocab_size", 0)),
+                 kind, batch)
+
+
+def _steps(setup: Setup, device, count: int, record: bool) -> None:
+    """``count`` training steps of one setup, each timed in its parts (a device sync at
+    each boundary); with ``record`` their times go to ``setup.rows``."""
+    model, opt = setup.model, setup.opt
+    with _batched_path_off(setup.method):
+        for _ in range(count):
+            x, y = setup.batches[setup.done % len(setup.batches)]
+            setup.done += 1
+            _sync(device)
+            t0 = time.perf_counter()
+            opt.zero_grad()
+            if setup.kind == "image":
+                loss = F.cross_entropy(model(x), y)
+            else:
+                logits, _ = model(x)
+                loss = F.cross_entropy(logits, y)
+            loss.backward()
+            _sync(device)
+            t1 = time.perf_counter()
+            opt.step()
+            _sync(device)
+            t2 = time.perf_counter()
+            if not record:
+                continue
+            stats = getattr(opt, "last_stats", None)
+            compress = stats.t_compress if stats is not None and stats.t_compress is not None \
+                else 0.0
+            setup.rows.append({
+                "fwd_bwd": t1 - t0, "opt_step": t2 - t1, "compress": compress, "step": t2 - t0,
+                "sent": None if stats is None else (stats.method or stats.sent),
+                **{p: (getattr(stats, p) or 0.0) if stats is not None else 0.0
+                   for p in LOCAL_PHASES}})
+
+
+def _medians(setup: Setup) -> dict:
+    rows = setup.rows
     med = {k: statistics.median(r[k] for r in rows) * 1e3
            for k in ("fwd_bwd", "opt_step", "compress", "step", *LOCAL_PHASES)}
     med["rest"] = med["opt_step"] - med["compress"]
     med["share"] = med["compress"] / med["step"]
-    med["params"] = sum(p.numel() for p in model.parameters())
-    med["batch"] = batch
+    med["params"] = sum(p.numel() for p in setup.model.parameters())
+    med["batch"] = setup.batch
     med["sent"] = sorted({r["sent"] for r in rows if r["sent"]})
-    if profile is not None and method != "plain":
-        _profile(model, opt, batches, kind, device,
-                 profile / f"{model_name}_{method}.txt")
     return med
+
+
+def measure_all(model_name: str, methods: list[str], device, steps: int, warmup: int,
+                rounds: int = 3, small: bool = False, profile: Path | None = None) -> dict:
+    """Median milliseconds of each part of the step for one model and each method. Every
+    method is built first and warmed up; then ``rounds`` rounds each train every method
+    for its share of ``steps`` in turn, so that a drift of the host's speed over the
+    minutes a run takes touches every method alike. With ``profile`` (a folder), three
+    more ``opt.step()`` calls of each under torch's profiler, written to
+    ``profile/<model>_<method>.txt``."""
+    setups = [_setup(model_name, method, device, small) for method in methods]
+    for setup in setups:
+        _steps(setup, device, warmup, record=False)
+    for r in range(rounds):
+        for setup in setups:
+            _steps(setup, device, steps // rounds + (r < steps % rounds), record=True)
+    out = {}
+    for setup in setups:
+        out[setup.method] = _medians(setup)
+        if profile is not None:
+            with _batched_path_off(setup.method):
+                _profile(setup.model, setup.opt, setup.batches, setup.kind, device,
+                         profile / f"{model_name}_{setup.method}.txt")
+    return out
+
+
+def measure(model_name: str, method: str, device, steps: int, warmup: int,
+            small: bool = False, profile: Path | None = None) -> dict:
+    """``measure_all`` of one method in one round."""
+    return measure_all(model_name, [method], device, steps, warmup, 1, small, profile)[method]
 
 
 def _profile(model, opt, batches, kind, device, path: Path) -> None:
     """Three steps under torch's profiler (forward and backward under a label of their
     own, ``opt.step`` under its own): the top operators by device time and by host time,
-    where a step's launches and syncs show."""
+    then every operator and runtime call by count, where a step's launches
+    (``cudaLaunchKernel``) and host syncs (``cudaStreamSynchronize``, device-to-host
+    ``cudaMemcpyAsync``) show."""
     from torch.profiler import ProfilerActivity, profile
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda"
                                            else [])
-    opt._engine.exact_phases = False      # no phase syncs inside the trace
+    engine = getattr(opt, "_engine", None)     # None: torch's own optimizer ("plain")
+    if engine is not None:
+        engine.exact_phases = False      # no phase syncs inside the trace
     with profile(activities=activities) as prof:
         for x, y in batches[:3]:
             opt.zero_grad()
@@ -223,7 +287,9 @@ def _profile(model, opt, batches, kind, device, path: Path) -> None:
             except (AttributeError, KeyError, ValueError):
                 continue
     path.write_text(by_device + "\n\nby host time\n"
-                    + averages.table(sort_by="self_cpu_time_total", row_limit=30))
+                    + averages.table(sort_by="self_cpu_time_total", row_limit=30)
+                    + "\n\nevery operator, by count\n"
+                    + averages.table(sort_by="count", row_limit=-1))
 
 
 def table(results: dict, device_name: str) -> str:
@@ -252,6 +318,8 @@ def main() -> int:
     parser.add_argument("--methods", nargs="+", default=list(METHODS[:4]), choices=METHODS)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="the steps of every method in this many interleaved rounds")
     parser.add_argument("--small", action="store_true", help="tiny models (CPU tests)")
     parser.add_argument("--json", type=Path, help="write every median here")
     parser.add_argument("--profile", type=Path, metavar="DIR",
@@ -265,15 +333,16 @@ def main() -> int:
     name = device_description(device)
     results = {}
     for model in args.models:
-        for method in args.methods:
-            results[(model, method)] = measure(model, method, device, args.steps, args.warmup,
-                                               args.small, args.profile)
-            m = results[(model, method)]
+        medians = measure_all(model, args.methods, device, args.steps, args.warmup,
+                              max(1, args.rounds), args.small, args.profile)
+        for method, m in medians.items():
+            results[(model, method)] = m
             print(f"{model} {method}: step {m['step']:.2f} ms, compression {m['compress']:.2f} ms "
                   f"({100 * m['share']:.1f}%)", flush=True)
     print(table(results, name))
     if args.json:
         args.json.write_text(json.dumps({"device": name, "torch": torch.__version__,
+                                         "steps": args.steps, "rounds": args.rounds,
                                          "results": [{"model": k[0], "method": k[1], **v}
                                                      for k, v in results.items()]}, indent=1))
     return 0

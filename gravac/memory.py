@@ -25,7 +25,7 @@ from typing import Mapping, NamedTuple
 
 import torch
 
-from .util.segments import shift_by_segment
+from .util.segments import shift_by_segment, views_of_one
 
 
 #: From this many layers in one ``compensate_all`` batch their spares share one flat
@@ -34,19 +34,6 @@ from .util.segments import shift_by_segment
 #: (docs/notes/2026-11-benchmarks.md §7c, ``benchmarks/batched_paths.py``) ResNet-101's 161 layers
 #: updated in 1.15 ms against 1.46 one launch per layer, the LSTM's 10 in 0.40 against 0.21.
 FLAT_UPDATE_MIN_LAYERS = 24
-
-
-def _views_of_one(tensors) -> torch.Tensor | None:
-    """The 1-D tensor every one of ``tensors`` is a contiguous 1-D view of, or None."""
-    if not tensors or tensors[0] is None:
-        return None
-    base = tensors[0]._base
-    if base is None or base.dim() != 1:
-        return None
-    for t in tensors:
-        if t is None or t._base is not base or t.dim() != 1 or not t.is_contiguous():
-            return None
-    return base
 
 
 class SparseSent(NamedTuple):
@@ -142,7 +129,7 @@ class ResidualMemory:
         later (``update`` swaps them), so from the second step on both sides are flat.
         Allocating is free of kernels: a spare's content is scratch until ``update``."""
         spares = [self._spares.get(n) for n in names]
-        if len(names) >= FLAT_UPDATE_MIN_LAYERS and _views_of_one(spares) is None:
+        if len(names) >= FLAT_UPDATE_MIN_LAYERS and views_of_one(spares) is None:
             flat = torch.empty(sum(b.numel() for b in bufs), dtype=bufs[0].dtype,
                                device=bufs[0].device)
             spares = list(torch.split(flat, [b.numel() for b in bufs]))
@@ -190,7 +177,7 @@ class ResidualMemory:
         the same single subtraction (a layer's indices are distinct)."""
         live = [i for i, n in enumerate(names) if n not in self._held]
         spares = [self._spares.get(names[i]) for i in live]
-        flat = _views_of_one(spares) if len(live) >= FLAT_UPDATE_MIN_LAYERS else None
+        flat = views_of_one(spares) if len(live) >= FLAT_UPDATE_MIN_LAYERS else None
         if flat is None or any(g_efs[i].data_ptr() != s.data_ptr()
                                for i, s in zip(live, spares)):
             for name, g_ef, sent in zip(names, g_efs, sents):

@@ -33,5 +33,7 @@ def load_benchmark(name: str, as_name: str | None = None):
     spec = importlib.util.spec_from_file_location(as_name or f"bench_{name}",
                                                   BENCHMARKS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    # registered before it runs, as an import does: dataclasses look their module up there
+    sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module

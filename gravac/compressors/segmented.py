@@ -31,10 +31,11 @@ Example::
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 
-from ..util.segments import repeat_by_counts
+from ..util.segments import repeat_by_counts, views_of_one
 
 #: Sample entries per layer for its threshold (a row of the batched sort).
 SAMPLE = 4096
@@ -58,6 +59,69 @@ def sample_rank(n: int, k: int, s: int) -> int:
 _sample_rank = sample_rank
 
 
+class _Plan(NamedTuple):
+    """What a call needs from the layers' sizes and ks alone, made once per (sizes, ks,
+    device) and kept (``_PLANS``): the host's loops over the layers and the small
+    host-to-device copies leave the step (a GPU step is bound by its host's work)."""
+
+    offsets: list[int]
+    total: int
+    kept: int
+    size_t: torch.Tensor        # each layer's size, on the device
+    offset_t: torch.Tensor      # each layer's first entry in the flat buffer
+    rank_t: torch.Tensor        # [threshold's column in the sorted sample, rank <= S]
+    k_t: torch.Tensor
+    within: torch.Tensor        # each kept entry's place in its layer's take, minus its start
+    local_shift: torch.Tensor   # each kept entry's layer offset (global -> local index)
+
+
+#: Plans by (sizes, ks, device, rank rule); a few: k changes only when the compression
+#: factor does.
+_PLANS: dict[tuple, _Plan] = {}
+_MAX_PLANS = 16
+
+
+def _plan(sizes: tuple[int, ...], ks: tuple[int, ...], device) -> _Plan:
+    key = (sizes, ks, str(device), _sample_rank)
+    plan = _PLANS.get(key)
+    if plan is not None:
+        return plan
+    offsets = [0]
+    for n in sizes[:-1]:
+        offsets.append(offsets[-1] + n)
+    total, kept = sum(sizes), sum(ks)
+    small = torch.tensor([sizes, offsets, ks], dtype=torch.int64).to(device)
+    size_t, offset_t, k_t = small[0], small[1], small[2]
+    ranks = [_sample_rank(n, k, SAMPLE) for n, k in zip(sizes, ks)]
+    # rank > S: threshold 0, every entry of the layer a candidate (the last column of a
+    # row sorted in decreasing order, then zeroed)
+    rank_t = torch.tensor([[min(r, SAMPLE) - 1, r <= SAMPLE] for r in ranks],
+                          dtype=torch.int64).to(device)
+    take_start = torch.cumsum(k_t, 0) - k_t
+    within = torch.arange(kept, device=device) - repeat_by_counts(take_start, k_t, kept)
+    plan = _Plan(offsets, total, kept, size_t, offset_t, rank_t, k_t, within,
+                 repeat_by_counts(offset_t, k_t, kept))
+    if len(_PLANS) >= _MAX_PLANS:
+        _PLANS.pop(next(iter(_PLANS)))
+    _PLANS[key] = plan
+    return plan
+
+
+def _magnitudes(xs: list[torch.Tensor], offsets: list[int]) -> torch.Tensor:
+    """|x| of every layer in one flat float32 buffer: one pass over their common buffer
+    where the layers are adjacent views of one (the error-fed gradients on a GPU,
+    ``ResidualMemory.compensate_all``), else concatenated first."""
+    base = views_of_one(xs)
+    if base is not None:
+        start = xs[0].storage_offset() - base.storage_offset()
+        if all(x.storage_offset() - base.storage_offset() == start + o
+               for x, o in zip(xs, offsets)):
+            part = base[start:start + offsets[-1] + xs[-1].numel()]
+            return part.abs() if part.dtype == torch.float32 else part.float().abs_()
+    mags = torch.cat([x if x.dim() == 1 else x.reshape(-1) for x in xs])
+    return mags.float().abs_() if mags.dtype != torch.float32 else mags.abs_()
+
+
 def segmented_topk(xs: list[torch.Tensor], ks: list[int], seed: int = 0,
                    step: int = 0) -> list[torch.Tensor] | None:
     """Exact top-k by magnitude of each 1-D tensor of ``xs`` (same device, float16,
@@ -66,48 +130,32 @@ def segmented_topk(xs: list[torch.Tensor], ks: list[int], seed: int = 0,
     layer by layer). ``seed`` and ``step`` seed the samples (the result is exact for any
     sample; only the speed depends on it)."""
     device = xs[0].device
-    sizes = [x.numel() for x in xs]
-    layers, total, kept = len(xs), sum(sizes), sum(ks)
-    offsets = [0]
-    for n in sizes[:-1]:
-        offsets.append(offsets[-1] + n)
-    mags = torch.cat([x.reshape(-1) for x in xs])
-    mags = mags.float().abs_() if mags.dtype != torch.float32 else mags.abs_()
-    small = torch.tensor([sizes, offsets], dtype=torch.int64).to(device, non_blocking=True)
-    size_t, offset_t = small[0], small[1]
+    sizes = tuple(x.numel() for x in xs)
+    ks = tuple(int(k) for k in ks)
+    plan = _plan(sizes, ks, device)
+    layers = len(xs)
+    mags = _magnitudes(xs, plan.offsets)
     # 2. thresholds: S draws per layer, uniform over the layer (with replacement)
     g = torch.Generator(device=device).manual_seed((seed * 1_000_003 + step) & ((1 << 62) - 1))
     draws = torch.rand(layers, SAMPLE, generator=g, device=device)
+    size_t = plan.size_t
     pos = torch.minimum((draws * size_t[:, None]).long(), size_t[:, None] - 1)
-    sample = mags.index_select(0, (pos + offset_t[:, None]).view(-1)).view(layers, SAMPLE)
-    ranks = [_sample_rank(n, k, SAMPLE) for n, k in zip(sizes, ks)]
-    # rank > S: threshold 0, every entry of the layer a candidate (the last column of a
-    # row sorted in decreasing order, then zeroed)
-    rank_t = torch.tensor([[min(r, SAMPLE) - 1, r <= SAMPLE] for r in ranks],
-                          dtype=torch.int64).to(device, non_blocking=True)
+    sample = mags.index_select(0, (pos + plan.offset_t[:, None]).view(-1)).view(layers, SAMPLE)
     ordered = sample.sort(dim=1, descending=True).values
-    thresholds = ordered.gather(1, rank_t[:, :1]).view(-1) * rank_t[:, 1]
+    thresholds = ordered.gather(1, plan.rank_t[:, :1]).view(-1) * plan.rank_t[:, 1]
     # 3. candidates: entries at or above their layer's threshold
-    spread = repeat_by_counts(thresholds, size_t, total)
+    spread = repeat_by_counts(thresholds, size_t, plan.total)
     candidates = torch.ge(mags, spread).nonzero().view(-1)                 # sync 1
     # 4. candidates per layer: enough everywhere?
-    layer_of = torch.searchsorted(offset_t, candidates, right=True) - 1
+    layer_of = torch.searchsorted(plan.offset_t, candidates, right=True) - 1
     counts = torch.bincount(layer_of, minlength=layers)
-    count_list = counts.tolist()                                            # sync 2
-    if any(c < k for c, k in zip(count_list, ks)):
+    if bool((counts < plan.k_t).any()):                                    # sync 2
         return None
     # 5. one sort by (layer, decreasing magnitude); the first k_l of each layer's run
     bits = mags.index_select(0, candidates).view(torch.int32).to(torch.int64)
     key = (layer_of << _MAG_BITS) + ((1 << _MAG_BITS) - 1 - bits)
     order = torch.sort(key).indices
-    run_start, take_start = [0], [0]
-    for c, k in zip(count_list[:-1], ks[:-1]):
-        run_start.append(run_start[-1] + c)
-        take_start.append(take_start[-1] + k)
-    shift = torch.tensor([r - t for r, t in zip(run_start, take_start)],
-                         dtype=torch.int64).to(device, non_blocking=True)
-    k_t = torch.tensor(ks, dtype=torch.int64).to(device, non_blocking=True)
-    rank_pos = repeat_by_counts(shift, k_t, kept) + torch.arange(kept, device=device)
+    run_start = torch.cumsum(counts, 0) - counts
+    rank_pos = repeat_by_counts(run_start, plan.k_t, plan.kept) + plan.within
     chosen = candidates.index_select(0, order.index_select(0, rank_pos))
-    local = chosen - repeat_by_counts(offset_t, k_t, kept)
-    return list(local.split(ks))
+    return list((chosen - plan.local_shift).split(ks))

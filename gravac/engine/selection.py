@@ -13,8 +13,17 @@ from dataclasses import dataclass
 import torch
 
 from ..compressors import SelectContext
+from ..compressors import base as compressor_base
+from ..util.segments import gather_segments
 from ..util.sizes import num_kept
 from .layers import Layer
+
+#: On a GPU, from this many layers the values each level kept are gathered by one launch
+#: over all layers (``gather_segments``) instead of one ``index_select`` per layer (and,
+#: at the second level, two): ResNet-101's 161 layers paid ~30 us of host time per launch
+#: on an H100 (``benchmarks/gpu_step.py --profile``), a whole launch's worth more than
+#: the shift and concatenation the one gather costs.
+GATHER_MIN_LAYERS = 24
 
 
 @dataclass
@@ -39,9 +48,9 @@ def select_levels(compressor, fed, step: int, rank: int) -> list[Selection]:
     idx_min = compressor.select_many(
         [g_ef for _, g_ef, _, _ in fed], [num_kept(layer.numel, cf) for layer, _, cf, _ in fed],
         [SelectContext(step, layer.index, rank, 0) for layer, _, _, _ in fed])
-    # index_select, not advanced indexing: ~3-10x slower on CPU
-    selections = [Selection(layer, g_ef, idx, g_ef.index_select(0, idx))
-                  for (layer, g_ef, _, _), idx in zip(fed, idx_min)]
+    val_min = _gather([g_ef for _, g_ef, _, _ in fed], idx_min)
+    selections = [Selection(layer, g_ef, idx, val)
+                  for (layer, g_ef, _, _), idx, val in zip(fed, idx_min, val_min)]
     second = [i for i, (_, _, _, cf_c) in enumerate(fed) if cf_c is not None]
     if second:
         # Multi-level: the second pass sees the k_min kept values, not the n entries;
@@ -50,10 +59,23 @@ def select_levels(compressor, fed, step: int, rank: int) -> list[Selection]:
             [selections[i].val_min for i in second],
             [num_kept(fed[i][0].numel, fed[i][3]) for i in second],
             [SelectContext(step, fed[i][0].index, rank, 1) for i in second])
-        for i, sub in zip(second, subs):
-            sel = selections[i]
-            sel.idx_c, sel.val_c = sel.idx_min.index_select(0, sub), sel.val_min.index_select(0, sub)
+        idx_c = _gather([selections[i].idx_min for i in second], subs)
+        val_c = _gather([selections[i].val_min for i in second], subs)
+        for i, idx, val in zip(second, idx_c, val_c):
+            selections[i].idx_c, selections[i].val_c = idx, val
     return selections
+
+
+def _gather(sources: list[torch.Tensor], indices: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Each source's entries at its indices: one launch for all (``gather_segments``) on a
+    GPU from ``GATHER_MIN_LAYERS`` sources of one device and dtype, else one
+    ``index_select`` each (not advanced indexing: ~3-10x slower on CPU). The same values
+    either way."""
+    if len(sources) >= GATHER_MIN_LAYERS and compressor_base.device_path(sources[0]) \
+            and len({(s.device, s.dtype) for s in sources}) == 1 \
+            and len({i.device for i in indices}) == 1:
+        return gather_segments(sources, indices)
+    return [s.index_select(0, i) for s, i in zip(sources, indices)]
 
 
 def has_nonfinite(grads: list[torch.Tensor]) -> bool:
@@ -123,17 +145,19 @@ def gain_row(s: Selection, measure: str) -> torch.Tensor:
 
 
 def gain_rows(selections: list[Selection], measure: str) -> list[torch.Tensor]:
-    """``gain_row`` of every selection. On a GPU the norms of all layers come from three
-    multi-tensor kernels (``torch._foreach_norm``) instead of three dot products per layer
-    (ResNet-101: 8.9 ms of launches a step on an H200); squared for ``"energy"``, which
-    rounds differently from ``gain_row``'s dot product in the last bits. CPU: ``gain_row``."""
+    """``gain_row`` of every selection: on the CPU one row each; on a GPU one [layers, 3]
+    table of them (what ``StepEngine.agree_gain_rows`` sums either way), its norms from
+    three multi-tensor kernels (``torch._foreach_norm``) instead of three dot products per
+    layer (ResNet-101: 8.9 ms of launches a step on an H200), and no tensor per layer
+    made to hold a row; squared for ``"energy"``, which rounds differently from
+    ``gain_row``'s dot product in the last bits."""
     if not selections or selections[0].g_ef.device.type == "cpu" \
             or measure not in ("energy", "norm"):
         return [gain_row(s, measure) for s in selections]
     third = [s.g_ef if measure == "energy" else s.layer.param.grad for s in selections]
     columns = []
     for tensors in ([s.val_min for s in selections], [_val_c(s) for s in selections], third):
-        tensors = [t.reshape(-1) for t in tensors]
+        tensors = [t if t.dim() == 1 else t.reshape(-1) for t in tensors]
         kinds = {(t.dtype, t.device) for t in tensors}
         if len(kinds) != 1:
             return [gain_row(s, measure) for s in selections]
@@ -145,7 +169,7 @@ def gain_rows(selections: list[Selection], measure: str) -> list[torch.Tensor]:
             return [gain_row(s, measure) for s in selections]
         columns.append(torch.stack(norms))
     table = torch.stack(columns, dim=1)
-    return list((table.square() if measure == "energy" else table).unbind(0))
+    return [table.square() if measure == "energy" else table]
 
 
 def _sq_norm(t: torch.Tensor) -> torch.Tensor:

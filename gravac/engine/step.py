@@ -652,8 +652,9 @@ class StepEngine:
     # -- agreement ------------------------------------------------------------------------
     def agree_gain_rows(self, rows: list[torch.Tensor], clock: PhaseClock | None = None,
                         local_bad: bool | torch.Tensor | None = None):
-        """Whole-model compression gains of both levels from per-layer rows (``gain_row``),
-        summed over ranks with one tiny allreduce: (gain_min, gain_c, ranks with a NaN/Inf
+        """Whole-model compression gains of both levels from per-layer rows (``gain_row``,
+        or [layers, 3] tables of them: ``gain_rows`` on a GPU), summed over ranks with one
+        tiny allreduce: (gain_min, gain_c, ranks with a NaN/Inf
         gradient). ``"energy"`` rows give Σ‖g_min‖²/Σ‖g_ef‖² and Σ‖g_c‖²/Σ‖g_ef‖²
         (Algorithm 1); ``"norm"`` rows Σ‖g_min‖/Σ‖g‖ and Σ‖g_c‖/Σ‖g‖ with the raw gradient g,
         as in the authors' code (it may exceed 1). ``local_bad`` (this rank's NaN/Inf flag,
@@ -665,7 +666,10 @@ class StepEngine:
         transport takes; torch.distributed with nccl moves it to the GPU and back)."""
         if rows:
             device = rows[0].device
-            sums = torch.stack([r.to(device) for r in rows]).double().sum(0)
+            rows = [r.reshape(-1, 3) for r in rows]
+            if any(r.device != device for r in rows):
+                rows = [r.to(device) for r in rows]
+            sums = torch.cat(rows).double().sum(0)
         else:
             device = local_bad.device if isinstance(local_bad, torch.Tensor) \
                 else torch.device("cpu")

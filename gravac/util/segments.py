@@ -52,3 +52,45 @@ def shift_by_segment(local: torch.Tensor, counts: list[int], offsets: list[int])
     shift = torch.tensor(offsets, dtype=torch.int64).to(device, non_blocking=True)
     count_t = torch.tensor(counts, dtype=torch.int64).to(device, non_blocking=True)
     return local + repeat_by_counts(shift, count_t, local.numel())
+
+
+def views_of_one(tensors) -> torch.Tensor | None:
+    """The 1-D tensor every one of ``tensors`` is a contiguous 1-D view of, or None."""
+    if not tensors or tensors[0] is None:
+        return None
+    base = tensors[0]._base
+    if base is None or base.dim() != 1:
+        return None
+    for t in tensors:
+        if t is None or t._base is not base or t.dim() != 1 or not t.is_contiguous():
+            return None
+    return base
+
+
+def gather_segments(sources: list[torch.Tensor], indices: list[torch.Tensor]) -> list[torch.Tensor]:
+    """``sources[j].index_select(0, indices[j])`` of every j (1-D sources of one device and
+    dtype), by ONE ``index_select`` over one flat buffer: the sources' own base where they
+    are views of one (the error-fed gradients on a GPU, ``ResidualMemory.compensate_all``;
+    the values a first level kept), else their concatenation. Each index shifted by its
+    source's offset (``shift_by_segment``); the result split per source (views of one
+    tensor, which a second gather of the same kind then reads without a copy). The same
+    values as one ``index_select`` per source, without a launch per layer.
+
+    Example::
+
+        a, b = torch.arange(10.).split([4, 6])
+        gather_segments([a, b], [torch.tensor([3]), torch.tensor([0, 5])])
+        # [tensor([3.]), tensor([4., 9.])]
+    """
+    counts = [int(i.numel()) for i in indices]
+    base = views_of_one(sources)
+    if base is not None:
+        offsets = [s.storage_offset() - base.storage_offset() for s in sources]
+    else:
+        base = torch.cat([s if s.dim() == 1 else s.reshape(-1) for s in sources])
+        offsets, at = [], 0
+        for s in sources:
+            offsets.append(at)
+            at += s.numel()
+    local = torch.cat([i if i.dim() == 1 else i.reshape(-1) for i in indices]).to(torch.int64)
+    return list(base.index_select(0, shift_by_segment(local, counts, offsets)).split(counts))

@@ -8,6 +8,7 @@ import pytest
 
 from gravac import memory
 from gravac.compressors import powersgd
+from gravac.engine import selection
 
 from bench_module import load_benchmark
 
@@ -15,28 +16,44 @@ REPO = Path(__file__).resolve().parents[2]
 gpu_step = load_benchmark("gpu_step")
 
 
-def test_the_per_layer_variants_change_their_threshold_for_their_run_only():
-    import torch
-    before = (memory.FLAT_UPDATE_MIN_LAYERS, powersgd.BATCH_MIN_MATRICES)
-    seen = {}
-    real = gpu_step._measure
+def _thresholds():
+    return (memory.FLAT_UPDATE_MIN_LAYERS, powersgd.BATCH_MIN_MATRICES,
+            selection.GATHER_MIN_LAYERS)
 
-    def spy(*args, **kwargs):
-        seen[args[5]] = (memory.FLAT_UPDATE_MIN_LAYERS, powersgd.BATCH_MIN_MATRICES)
-        return real(*args, **kwargs)
-    gpu_step._measure = spy
+
+def test_the_per_layer_variants_change_their_threshold_for_their_steps_only():
+    """The methods run in interleaved rounds: each variant's threshold is out of reach
+    exactly while its own steps run, every method gets its share of the steps."""
+    import torch
+    before = _thresholds()
+    seen = {}
+    real = gpu_step._steps
+
+    def spy(setup, *args, **kwargs):
+        step = setup.opt.step
+        if not getattr(step, "spied", False):     # note the thresholds each step sees
+            def noting(*a, **k):
+                seen.setdefault(setup.method, set()).add(_thresholds())
+                return step(*a, **k)
+            noting.spied = True
+            setup.opt.step = noting
+        real(setup, *args, **kwargs)
+    gpu_step._steps = spy
+    methods = ["topk10_layerwise_residual", "powersgd4_layerwise_orthogonalize", "powersgd4",
+               "topk10_layerwise_gather"]
     try:
-        for method in ("topk10_layerwise_residual", "powersgd4_layerwise_orthogonalize",
-                       "powersgd4"):
-            row = gpu_step.measure("lstm", method, torch.device("cpu"), steps=1, warmup=1,
-                                   small=True)
-            assert row["step"] > 0 and row["compress"] > 0 and row["sent"] == ["min"]
+        rows = gpu_step.measure_all("lstm", methods, torch.device("cpu"), steps=5, warmup=1,
+                                    rounds=2, small=True)
     finally:
-        gpu_step._measure = real
-    assert seen["topk10_layerwise_residual"][0] >= 1 << 30
-    assert seen["powersgd4_layerwise_orthogonalize"][1] >= 1 << 30
-    assert seen["powersgd4"] == before
-    assert (memory.FLAT_UPDATE_MIN_LAYERS, powersgd.BATCH_MIN_MATRICES) == before
+        gpu_step._steps = real
+    for method in methods:
+        assert rows[method]["step"] > 0 and rows[method]["compress"] > 0
+        assert rows[method]["sent"] == ["min"]
+    assert seen == {"topk10_layerwise_residual": {(1 << 30, before[1], before[2])},
+                    "powersgd4_layerwise_orthogonalize": {(before[0], 1 << 30, before[2])},
+                    "powersgd4": {before},
+                    "topk10_layerwise_gather": {(before[0], before[1], 1 << 30)}}
+    assert _thresholds() == before
 
 
 def test_gpu_step_refuses_cuda_without_a_gpu_in_one_line():

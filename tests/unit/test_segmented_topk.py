@@ -39,6 +39,25 @@ def test_every_layer_gets_its_exact_top_k(dtype, cf):
     _assert_exact(xs, ks, picked)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_views_of_one_buffer_read_in_place_and_the_same_picks(dtype):
+    """Layers that are adjacent views of one buffer (the error-fed gradients on a GPU)
+    take |x| of that buffer in one pass, and pick exactly what copies of them pick; views
+    out of order are concatenated instead. The buffer is left as it was."""
+    xs = _layers(dtype=dtype)
+    flat = torch.cat([torch.randn(5).to(dtype)] + xs)             # views at an offset
+    views = list(flat[5:].split([x.numel() for x in xs]))
+    before = flat.clone()
+    ks = [max(1, x.numel() // 50) for x in xs]
+    for layers, want_ks in ((views, ks), (views[::-1], ks[::-1])):
+        picked = segmented_topk(layers, want_ks, seed=1, step=2)
+        assert picked is not None
+        _assert_exact(layers, want_ks, picked)
+        copies = segmented_topk([v.clone() for v in layers], want_ks, seed=1, step=2)
+        assert all(torch.equal(a, b) for a, b in zip(picked, copies))
+    assert torch.equal(flat, before)
+
+
 def test_k_of_one_and_of_all_but_one():
     xs = _layers()
     for ks in ([1] * len(xs), [x.numel() - 1 for x in xs]):

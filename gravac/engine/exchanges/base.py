@@ -14,7 +14,8 @@ Per step, in this order, on every rank:
 3. ``mine(planned)``: the planned layers this rank selects (the hierarchical shard);
 4. ``select(fed, step, clock)``: ``(selections, bytes)`` from ``(layer, g_ef, level_min,
    level_c)``, with the rounds the selection needs (``t_wait_select``);
-5. ``gain_rows(selections, measure)``: each layer's [sent², candidate², whole²] row;
+5. ``gain_rows(selections, measure)``: each layer's [sent², candidate², whole²] row (on a GPU
+   one [layers, 3] table of them);
 6. ``settle(memory, selections, level)``: what the level sends of each (``SentLayer``s),
    the residuals updated unless the exchange updates them after unpacking (low rank);
 7. ``start(sent, dense, tag, flags)``: the collectives of a bucket, a ``Pending``;
