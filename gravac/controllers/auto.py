@@ -39,9 +39,8 @@ How it explores, cheaply:
   re-check also measures again one compressed method whose step time would beat the best
   score at a gain of 1, the one measured longest ago: gains change during training.
 
-Per step, a chosen compressed method whose smoothed gain (EWMA with ``alpha``, started
-from the gain that chose it) falls below ε sends dense (GraVAC's fallback); its residual
-stays in error feedback. A trial sends its method every step (it measures that method). Every choice, trial
+Per step, a compressed method whose smoothed gain (EWMA with ``alpha``) falls below ε
+sends dense (GraVAC's fallback); its residual stays in error feedback. Every choice, trial
 and pruned candidate is in ``decisions`` (the trainer writes them as ``method`` lines).
 
 Example::
@@ -191,11 +190,6 @@ class Auto(Controller):
         s["delta"] = self._smooth(s["delta"], gain_min)
         if gain_c is not None:
             s["delta_c"] = self._smooth(s.get("delta_c"), gain_c)
-        if s["phase"] == "trial":
-            # A trial measures its method: a step sent dense would enter dense's time
-            # under the method's name (its mean gain, not a fallback, decides eligibility;
-            # what a step does not send stays in error feedback).
-            return SENT_MIN
         return SENT_MIN if s["delta"] >= self.epsilon else SENT_DENSE
 
     def _smooth(self, average: float | None, sample: float) -> float:
@@ -397,16 +391,9 @@ class Auto(Controller):
         return all(c.key in table or c.key not in queue for c in safer)
 
     def _switch(self, key: str, phase: str) -> None:
-        """Make ``key`` the current method, for a trial or a run. A run's smoothed gains
-        start from its table entry (the mean over the steps that chose it) rather than
-        from its first step alone: with GraVAC's alpha (N/100) one noisy first gain below
-        ε would otherwise send dense for dozens of steps of a method chosen as eligible."""
         s = self._s
         if key != s["current"]:
             s["delta"] = s["delta_c"] = None
-        entry = s["table"].get(key)
-        if phase == "run" and entry is not None and not self._method(key).dense:
-            s["delta"], s["delta_c"] = entry["gain"], entry.get("gain_next")
         s.update(phase=phase, current=key, step_in_phase=0, samples=[])
 
     def _prune_by_gain(self, step: int) -> None:
