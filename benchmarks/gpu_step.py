@@ -247,12 +247,6 @@ def measure_all(model_name: str, methods: list[str], device, steps: int, warmup:
     return out
 
 
-def measure(model_name: str, method: str, device, steps: int, warmup: int,
-            small: bool = False, profile: Path | None = None) -> dict:
-    """``measure_all`` of one method in one round."""
-    return measure_all(model_name, [method], device, steps, warmup, 1, small, profile)[method]
-
-
 def _profile(model, opt, batches, kind, device, path: Path) -> None:
     """Three steps under torch's profiler (forward and backward under a label of their
     own, ``opt.step`` under its own): the top operators by device time and by host time,
