@@ -25,7 +25,7 @@ from typing import Mapping, NamedTuple
 
 import torch
 
-from .util.segments import shift_by_segment, views_of_one
+from .util.segments import offsets_in, shift_by_segment, views_of_one
 
 
 #: From this many layers in one ``compensate_all`` batch their spares share one flat
@@ -187,8 +187,7 @@ class ResidualMemory:
         if sum(counts):
             local = torch.cat([sents[i].indices.reshape(-1) for i in live]).to(torch.int64)
             values = torch.cat([sents[i].values.reshape(-1).to(flat.dtype) for i in live])
-            index = shift_by_segment(local, counts, [s.storage_offset() - flat.storage_offset()
-                                                     for s in spares])
+            index = shift_by_segment(local, counts, offsets_in(flat, spares))
             flat.index_add_(0, index, values, alpha=-1)
         for i, new in zip(live, spares):
             self._swap(names[i], new, zero=False)

@@ -35,7 +35,7 @@ from typing import NamedTuple
 
 import torch
 
-from ..util.segments import repeat_by_counts, views_of_one
+from ..util.segments import offsets_in, repeat_by_counts, views_of_one
 
 #: Sample entries per layer for its threshold (a row of the batched sort).
 SAMPLE = 4096
@@ -113,9 +113,9 @@ def _magnitudes(xs: list[torch.Tensor], offsets: list[int]) -> torch.Tensor:
     ``ResidualMemory.compensate_all``), else concatenated first."""
     base = views_of_one(xs)
     if base is not None:
-        start = xs[0].storage_offset() - base.storage_offset()
-        if all(x.storage_offset() - base.storage_offset() == start + o
-               for x, o in zip(xs, offsets)):
+        at = offsets_in(base, xs)
+        start = at[0]
+        if all(a == start + o for a, o in zip(at, offsets)):
             part = base[start:start + offsets[-1] + xs[-1].numel()]
             return part.abs() if part.dtype == torch.float32 else part.float().abs_()
     mags = torch.cat([x if x.dim() == 1 else x.reshape(-1) for x in xs])

@@ -67,6 +67,13 @@ def views_of_one(tensors) -> torch.Tensor | None:
     return base
 
 
+def offsets_in(base: torch.Tensor, views) -> list[int]:
+    """Where each 1-D view of ``base`` starts in it (elements): the segment offsets
+    ``shift_by_segment`` takes for views of one flat buffer."""
+    start = base.storage_offset()
+    return [v.storage_offset() - start for v in views]
+
+
 def gather_segments(sources: list[torch.Tensor], indices: list[torch.Tensor]) -> list[torch.Tensor]:
     """``sources[j].index_select(0, indices[j])`` of every j (1-D sources of one device and
     dtype), by ONE ``index_select`` over one flat buffer: the sources' own base where they
@@ -85,7 +92,7 @@ def gather_segments(sources: list[torch.Tensor], indices: list[torch.Tensor]) ->
     counts = [int(i.numel()) for i in indices]
     base = views_of_one(sources)
     if base is not None:
-        offsets = [s.storage_offset() - base.storage_offset() for s in sources]
+        offsets = offsets_in(base, sources)
     else:
         base = torch.cat([s if s.dim() == 1 else s.reshape(-1) for s in sources])
         offsets, at = [], 0
