@@ -37,10 +37,13 @@ How it explores, cheaply:
   its recent gain fell more than ``recheck_within`` below the gain it was chosen with (a
   trial's few steps see the gain before error feedback filled the residual). Each
   re-check also measures again one compressed method whose step time would beat the best
-  score at a gain of 1, the one measured longest ago: gains change during training.
+  score at a gain of 1 and whose last gain was within ``recheck_within`` of ε, the one
+  measured longest ago: gains change during training.
 
-Per step, a compressed method whose smoothed gain (EWMA with ``alpha``) falls below ε
-sends dense (GraVAC's fallback); its residual stays in error feedback. Every choice, trial
+Per step, a chosen compressed method whose smoothed gain (EWMA with ``alpha``, started
+from the gain that chose it) falls below ε sends dense (GraVAC's fallback); its residual
+stays in error feedback. A trial sends its method in every step: it measures that method's
+time, and its mean gain decides eligibility. Every choice, trial
 and pruned candidate is in ``decisions`` (the trainer writes them as ``method`` lines).
 
 Example::
@@ -190,6 +193,11 @@ class Auto(Controller):
         s["delta"] = self._smooth(s["delta"], gain_min)
         if gain_c is not None:
             s["delta_c"] = self._smooth(s.get("delta_c"), gain_c)
+        if s["phase"] == "trial":
+            # A trial measures its method: a step sent dense would enter dense's time
+            # under the method's name. Its mean gain decides eligibility; what a step
+            # does not send stays in error feedback.
+            return SENT_MIN
         return SENT_MIN if s["delta"] >= self.epsilon else SENT_DENSE
 
     def _smooth(self, average: float | None, sample: float) -> float:
@@ -338,15 +346,21 @@ class Auto(Controller):
 
     def _stale_candidate(self, queue: list[str], best: float) -> str | None:
         """One compressed method to measure again at a re-check, or None: of those not
-        queued whose measured step time would beat the best score at a gain of 1, the one
-        measured longest ago. Gains change as training goes on (Top-k's rise with the
-        residual, PowerSGD's fall), so an entry measured early may be stale; one per
-        re-check keeps the cost to one trial."""
+        queued whose measured step time would beat the best score at a gain of 1 and
+        whose last gain was at least ``recheck_within`` close to ε, the one measured
+        longest ago. Gains change as training goes on (Top-k's rise with the residual,
+        PowerSGD's fall), so an entry measured early may be stale; one per re-check keeps
+        the cost to one trial. A method measured far below ε is left out: a trial sends
+        its method, and re-trying one that cannot become eligible would send steps at a
+        gain far below ε at every re-check (a fast, low PowerSGD rank); a family that
+        gains rule out is re-tried from its safe end instead."""
         s = self._s
         at = s.get("measured_at", {})
+        near = (1 - self.recheck_within) * self.epsilon
         stale = [k for k, e in s["table"].items()
                  if k != s["current"] and k not in queue and not self._method(k).dense
-                 and e["t"] is not None and e["t"] > 0 and 1.0 / e["t"] > best]
+                 and e["t"] is not None and e["t"] > 0 and 1.0 / e["t"] > best
+                 and e["gain"] >= near]
         return min(stale, key=lambda k: (at.get(k, -1), self.method_texts.index(k)),
                    default=None)
 
@@ -391,9 +405,16 @@ class Auto(Controller):
         return all(c.key in table or c.key not in queue for c in safer)
 
     def _switch(self, key: str, phase: str) -> None:
+        """Make ``key`` the current method, for a trial or a run. A run's smoothed gains
+        start from its table entry (the mean over the steps that chose it), not from its
+        first step alone: at GraVAC's alpha (N/100) one first gain below ε would send
+        dense for dozens of steps of a method chosen as eligible."""
         s = self._s
         if key != s["current"]:
             s["delta"] = s["delta_c"] = None
+        entry = s["table"].get(key)
+        if phase == "run" and entry is not None and not self._method(key).dense:
+            s["delta"], s["delta_c"] = entry["gain"], entry.get("gain_next")
         s.update(phase=phase, current=key, step_in_phase=0, samples=[])
 
     def _prune_by_gain(self, step: int) -> None:

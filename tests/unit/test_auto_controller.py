@@ -104,6 +104,44 @@ def test_the_chosen_method_falls_back_to_dense_per_step_when_its_smoothed_gain_d
     assert auto.decide(0.8, None) == SENT_MIN
 
 
+def test_a_trial_sends_its_method_in_every_step_whatever_its_smoothed_gain():
+    """A trial whose first gain is below ε (the smoothed gain, at GraVAC's small alpha,
+    stays below for the whole trial) still sends its method: the entry gets the method's
+    own time, and its mean gain (above ε) makes it eligible."""
+    auto = _auto(methods=["dense", "powersgd:4"], alpha=0.02, trial_steps=3)
+    gains = iter([0.3, 0.7, 0.7, 0.7])         # powersgd:4's trial: mean over measured 0.7
+    sent = []
+    for step in range(8):
+        plan = auto.plan(step)
+        key = plan.method.key
+        if plan.needs_gains:
+            sent.append(auto.decide(next(gains), None))
+        auto.end_step(StepRecord(step=step, sent=SENT_MIN, cf=1.0, gain=1.0,
+                                 t_iter={"dense": 1.0, "powersgd:4": 0.1}[key], samples=32,
+                                 extra={"t_comm": 0.05}), LocalSync())
+    assert sent == [SENT_MIN] * 4
+    entry = auto.table["powersgd:4"]
+    assert entry["t"] == pytest.approx(0.1) and entry["gain"] == pytest.approx(0.7)
+    assert auto.current == "powersgd:4" and auto.phase == "run"
+
+
+def test_a_run_starts_its_smoothed_gain_from_the_gain_that_chose_it():
+    """sparse:10's trial starts at a gain of 0.3 (its settling step), then measures 0.8:
+    chosen at a mean gain of 0.8, its run's first gain of 0.45 does not send dense. At
+    alpha 0.02 the smoothed gain is 0.98 * 0.8 + 0.02 * 0.45, not the trial's EWMA, which
+    its first step held near 0.3. The candidate gain starts from the trial's too."""
+    auto = _auto(methods=["dense", "sparse:10", "sparse:20"], alpha=0.02)
+    gains = iter([0.3, 0.8, 0.8])
+    _drive(auto, 6, {"dense": 1.0, "sparse:10": 0.5, "sparse:20": 0.4}.get,
+           lambda k: next(gains), {"sparse:10": 0.3}.get)
+    assert auto.current == "sparse:10" and auto.phase == "run"
+    assert auto.table["sparse:10"]["gain"] == pytest.approx(0.8)
+    auto.plan(6)
+    assert auto.decide(0.45, 0.2) == SENT_MIN
+    assert auto.summary()["delta_min"] == pytest.approx(0.98 * 0.8 + 0.02 * 0.45)
+    assert auto._s["delta_c"] == pytest.approx(0.98 * 0.3 + 0.02 * 0.2)
+
+
 def test_a_chosen_method_whose_smoothed_gain_falls_below_epsilon_is_rechecked_at_once():
     auto = _auto(methods=["dense", "sparse:10"], alpha=0.5, recheck_every=1000)
     gains = iter([0.9] * 3 + [0.3] * 20)          # the trial, then the run's gains fall
@@ -251,3 +289,23 @@ def test_a_stale_entry_that_could_win_at_a_higher_gain_is_measured_again():
     chosen = [d["method"] for d in auto.decisions if d["event"] == "chosen"]
     assert chosen == ["powersgd:4", "sparse:10"]
     assert auto.table["sparse:10"]["gain"] == pytest.approx(0.95)
+
+
+@pytest.mark.parametrize("rank1_gain, retried", [(0.3, False), (0.45, True)])
+def test_a_stale_entry_far_below_epsilon_is_not_measured_again(rank1_gain, retried):
+    """PowerSGD rank 1 is fast (0.1 s: at a gain of 1 it would beat every score) but was
+    measured below ε. At the re-check that PowerSGD rank 4's drift starts, rank 1 runs a
+    trial again only if its gain was within recheck_within (15%) of ε = 0.5: a trial
+    sends its method, so re-trying one far below ε sends steps at that gain."""
+    auto = _auto(methods=["dense", "fp16", "powersgd:1", "powersgd:4"], recheck_every=1000)
+    times = {"dense": 1.0, "fp16": 0.3, "powersgd:1": 0.1, "powersgd:4": 0.2}
+    gains = {"powersgd:4": iter([0.9] * 3 + [0.6] * 100),
+             "powersgd:1": iter([rank1_gain] * 100)}
+    ran = _drive(auto, 30, times.get, lambda k: next(gains[k]))
+    first = [d for d in auto.decisions if d["event"] == "chosen"][0]
+    assert first["method"] == "powersgd:4"
+    rechecks = [d for d in auto.decisions if d["event"] == "measured" and d.get("reason")]
+    assert rechecks and rechecks[0]["method"] == "powersgd:4"
+    trials_after = ran[rechecks[0]["step"] + 1:]
+    assert ("powersgd:1" in trials_after) == retried
+    assert ran.count("powersgd:1") == 3 * (2 if retried else 1)
