@@ -113,17 +113,26 @@ def test_a_hung_rank_makes_the_job_exit_within_the_stall_timeout(tmp_path, launc
 
 
 def test_steps_slower_than_the_stall_timeout_are_not_taken_for_a_hang(tmp_path):
-    """The watchdog's bound follows the measured step time: steps of about a second with
-    run.stall_timeout=1 train on (before, the first step already ended the run, exit 3)."""
-    job = subprocess.run([str(REPO / ".venv/bin/python"), "train.py", "--config",
+    """The watchdog's bound follows the measured step time: steps of 1.2 s with
+    run.stall_timeout=1 train on (before, the first step already ended the run, exit 3).
+    The steps are made slow by a sleep in backward, not by a model that is slow on some
+    machine: on a fast one the test would show nothing."""
+    slow_steps = ("import sys, time, torch\n"
+                  "backward = torch.Tensor.backward\n"
+                  "def slow(self, *args, **kwargs):\n"
+                  "    time.sleep(1.2)\n"
+                  "    return backward(self, *args, **kwargs)\n"
+                  "torch.Tensor.backward = slow\n"
+                  "from gravac.train.cli import main\n"
+                  "sys.exit(main(sys.argv[1:]))\n")
+    job = subprocess.run([str(REPO / ".venv/bin/python"), "-c", slow_steps, "--config",
                           "configs/demo.yaml", "--set", "run.backend=local",
                           "--set", f"run.output_dir={tmp_path}", "--set", "run.name=slow",
                           "--set", "run.steps=4", "--set", "run.stall_timeout=1",
-                          "--set", "model.name=resnet18", "--set", "data.batch_size=128",
                           "--set", "run.eval_interval=0", "--set", "run.log_interval=1",
                           "--set", "run.progress=never", "--set", "run.report=false"],
                          cwd=REPO, capture_output=True, text=True, timeout=600)
     assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
     steps = [r for r in read_records(tmp_path / "slow/metrics.jsonl") if r["kind"] == "step"]
-    assert len(steps) == 4 and max(r["t_iter"] for r in steps) > 1.0, \
+    assert len(steps) == 4 and min(r["t_iter"] for r in steps) > 1.0, \
         "the steps must be slower than run.stall_timeout for this test to show anything"
