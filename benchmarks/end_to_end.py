@@ -131,6 +131,9 @@ METHODS: dict[str, tuple[str, list[str]]] = {
     # controller: auto (docs/ALGORITHM.md §15): the measured choice over dense, fp16,
     # PowerSGD ranks and Top-k CFs, re-checked every 100 steps.
     "gravac_auto": ("auto.yaml", ["compression.auto.recheck_every=100"]),
+    # The same with GraVAC recommended's gain threshold (0.7, Auto's default 0.5).
+    "gravac_auto_eps0.7": ("auto.yaml", ["compression.auto.recheck_every=100",
+                                         "compression.auto.epsilon=0.7"]),
     # The same without overlap (auto.yaml overlaps the steps of dense, fp16 and sparse).
     "gravac_auto_no_overlap": ("auto.yaml", ["compression.auto.recheck_every=100",
                                              "compression.overlap=false"]),
