@@ -131,9 +131,12 @@ METHODS: dict[str, tuple[str, list[str]]] = {
     # controller: auto (docs/ALGORITHM.md §15): the measured choice over dense, fp16,
     # PowerSGD ranks and Top-k CFs, re-checked every 100 steps.
     "gravac_auto": ("auto.yaml", ["compression.auto.recheck_every=100"]),
-    # The same with GraVAC recommended's gain threshold (0.7, Auto's default 0.5).
+    # The same at a gain threshold named: 0.7 (Auto's default, GraVAC recommended's) and
+    # 0.5 (Auto's default in the result sets before cpu_auto_*_epsilon_2026-11-27).
     "gravac_auto_eps0.7": ("auto.yaml", ["compression.auto.recheck_every=100",
                                          "compression.auto.epsilon=0.7"]),
+    "gravac_auto_eps0.5": ("auto.yaml", ["compression.auto.recheck_every=100",
+                                         "compression.auto.epsilon=0.5"]),
     # The same without overlap (auto.yaml overlaps the steps of dense, fp16 and sparse).
     "gravac_auto_no_overlap": ("auto.yaml", ["compression.auto.recheck_every=100",
                                              "compression.overlap=false"]),

@@ -78,7 +78,9 @@ class Auto(Controller):
 
     Args:
         methods: candidates, written as ``Method.parse`` reads them; must include dense.
-        epsilon: gain threshold ε in (0, 1] (GraVAC's).
+        epsilon: gain threshold ε in (0, 1] (GraVAC's; the default is GraVAC
+            recommended's: lower, a sparse CF whose gain barely clears it can cost final
+            loss, docs/ALGORITHM.md's measured cells).
         trial_steps: measured steps of a trial (>= 1).
         settle_steps: steps of a trial before measuring (>= 0).
         recheck_every: steps of the chosen method between two re-checks (>= 1).
@@ -89,7 +91,7 @@ class Auto(Controller):
         alpha: EWMA weight of the per-step gain in (0, 1]; default clamp(N/100, 0.01, 1).
     """
 
-    def __init__(self, methods: list[str] | None = None, epsilon: float = 0.5,
+    def __init__(self, methods: list[str] | None = None, epsilon: float = 0.7,
                  trial_steps: int = 4, settle_steps: int = 1, recheck_every: int = 300,
                  recheck_within: float = 0.15, tolerance: float = 0.1,
                  alpha: float | None = None):

@@ -15,7 +15,7 @@ class _Sync2(LocalSync):
 
 
 def _auto(world: int = 1, **kw) -> Auto:
-    a = Auto(**{"trial_steps": 2, "settle_steps": 1, "recheck_every": 10, **kw})
+    a = Auto(**{"epsilon": 0.5, "trial_steps": 2, "settle_steps": 1, "recheck_every": 10, **kw})
     a.bind(list(SHAPES), _Sync2() if world == 2 else LocalSync())
     a.observe_layers(SHAPES, OTHER, "allgather")
     return a
