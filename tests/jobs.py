@@ -19,6 +19,24 @@ def launch_train(launcher: str, np_: int = 2) -> list[str]:
     raise ValueError(f"launcher must be one of {LAUNCHERS}, got {launcher!r}")
 
 
+def slowed_train(seconds: float) -> list[str]:
+    """Python arguments that run train.py (from the repository root, as ``rank_pid`` finds
+    it) with every backward pass ``seconds`` longer (a sleep): what a test of timing needs
+    to hold on a fast machine as on a slow one.
+    ``[PYTHON, *slowed_train(0.05), "--config", ...]`` in place of ``[PYTHON, "train.py",
+    "--config", ...]``."""
+    code = ("import sys, time, torch\n"
+            "backward = torch.Tensor.backward\n"
+            "def slowed(self, *args, **kwargs):\n"
+            f"    time.sleep({float(seconds)!r})\n"
+            "    return backward(self, *args, **kwargs)\n"
+            "torch.Tensor.backward = slowed\n"
+            "import runpy\n"
+            "sys.argv[0] = 'train.py'\n"
+            "runpy.run_path('train.py', run_name='__main__')\n")
+    return ["-c", code]
+
+
 def rank_pid(marker: str, rank: int) -> int | None:
     """PID of the train.py worker whose command line holds ``marker`` and whose rank (at
     launch: HOROVOD_RANK under horovodrun, RANK under torchrun) is ``rank``; None when

@@ -11,12 +11,15 @@ import subprocess
 import time
 from pathlib import Path
 
-from jobs import HOROVODRUN, PYTHON, REPO, rank_pid, read_records
+from jobs import HOROVODRUN, PYTHON, REPO, rank_pid, read_records, slowed_train
 
 # Seen here (a loaded machine): the shrink at step 170, the grow at step 290 (50 steps on
 # one rank, then the new worker's start-up); 600 steps leave room for a slower start (and
 # as in the killed-worker test, the learning-rate drop 200 steps before the end).
 STEPS = 600
+# Every step at least this long (a sleep in backward): on a fast machine the demo's steps
+# take ~20 ms on one rank, and the run ended before a new worker had started.
+STEP_SLEEP_S = 0.05
 # The killed-worker test needs fewer: its one reset comes at step 150-160, and the survivor
 # finishes alone (the demo's own 600 steps, its learning-rate drop 200 before the end).
 KILL_STEPS = 600
@@ -29,7 +32,7 @@ def _launch(tmp_path: Path, name: str, hosts: str,
     discover = REPO / "hvd_scripts/discover_hosts.sh"     # the one the README shows
     cmd = [HOROVODRUN, "-np", "2", "--min-np", "1", "--max-np", "2",
            "--host-discovery-script", str(discover), "--gloo", "--network-interfaces", "lo",
-           PYTHON, "train.py", "--config", "configs/demo.yaml",
+           PYTHON, *slowed_train(STEP_SLEEP_S), "--config", "configs/demo.yaml",
            "--set", f"run.output_dir={tmp_path}", "--set", f"run.name={name}",
            "--set", f"run.steps={steps}", "--set", "run.elastic=true",
            "--set", "run.elastic_commit_interval=10", "--set", "run.log_interval=1",

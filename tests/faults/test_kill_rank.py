@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from jobs import LAUNCHERS, REPO, launch_train, rank_pid, read_records
+from jobs import LAUNCHERS, REPO, launch_train, rank_pid, read_records, slowed_train
 
 EXIT_BOUND_S = 60          # what the issue asks: survivors exit within 60 s
 
@@ -117,15 +117,7 @@ def test_steps_slower_than_the_stall_timeout_are_not_taken_for_a_hang(tmp_path):
     run.stall_timeout=1 train on (before, the first step already ended the run, exit 3).
     The steps are made slow by a sleep in backward, not by a model that is slow on some
     machine: on a fast one the test would show nothing."""
-    slow_steps = ("import sys, time, torch\n"
-                  "backward = torch.Tensor.backward\n"
-                  "def slow(self, *args, **kwargs):\n"
-                  "    time.sleep(1.2)\n"
-                  "    return backward(self, *args, **kwargs)\n"
-                  "torch.Tensor.backward = slow\n"
-                  "from gravac.train.cli import main\n"
-                  "sys.exit(main(sys.argv[1:]))\n")
-    job = subprocess.run([str(REPO / ".venv/bin/python"), "-c", slow_steps, "--config",
+    job = subprocess.run([str(REPO / ".venv/bin/python"), *slowed_train(1.2), "--config",
                           "configs/demo.yaml", "--set", "run.backend=local",
                           "--set", f"run.output_dir={tmp_path}", "--set", "run.name=slow",
                           "--set", "run.steps=4", "--set", "run.stall_timeout=1",
