@@ -43,8 +43,12 @@ How it explores, cheaply:
 Per step, a chosen compressed method whose smoothed gain (EWMA with ``alpha``, started
 from the gain that chose it) falls below ε sends dense (GraVAC's fallback); its residual
 stays in error feedback. A trial sends its method in every step: it measures that method's
-time, and its mean gain decides eligibility. Every choice, trial
-and pruned candidate is in ``decisions`` (the trainer writes them as ``method`` lines).
+time, and its mean gain decides eligibility. Unless the mean of its gains so far (settling
+steps included) is far below ε, under (1 - ``recheck_within``) x ε: then that step goes
+dense and the trial ends (``abandoned``), its entry holding that mean, so a method that
+cannot become eligible sends no more steps at that gain. Every choice, trial, abandoned
+trial and pruned candidate is in ``decisions`` (the trainer writes them as ``method``
+lines).
 
 Example::
 
@@ -85,7 +89,8 @@ class Auto(Controller):
         settle_steps: steps of a trial before measuring (>= 0).
         recheck_every: steps of the chosen method between two re-checks (>= 1).
         recheck_within: methods whose score was within this fraction of the best run a
-            trial again at a re-check (>= 0).
+            trial again at a re-check; a trial whose mean gain so far is more than this
+            fraction below ε ends at once (>= 0).
         tolerance: a candidate is run unless its predicted best score is below the best
             measured one by more than this fraction (>= 0; the prediction is a bound).
         alpha: EWMA weight of the per-step gain in (0, 1]; default clamp(N/100, 0.01, 1).
@@ -164,7 +169,7 @@ class Auto(Controller):
         first = self.calibration
         return {"phase": "trial", "current": first, "round": 1, "step_in_phase": 0,
                 "queue": [m.key for m in self.candidates if m.key != first],
-                "samples": [], "pending": None, "delta": None, "delta_c": None, "table": {},
+                "samples": [], "trial_gains": [], "pending": None, "delta": None, "delta_c": None, "table": {},
                 "measured_at": {},
                 "decisions": []}
 
@@ -198,7 +203,13 @@ class Auto(Controller):
         if s["phase"] == "trial":
             # A trial measures its method: a step sent dense would enter dense's time
             # under the method's name. Its mean gain decides eligibility; what a step
-            # does not send stays in error feedback.
+            # does not send stays in error feedback. Unless its gain so far is far below
+            # ε: then it cannot become eligible, and this step goes dense, as the last.
+            gains = s.setdefault("trial_gains", [])
+            gains.append([gain_min, gain_c])
+            if statistics.fmean(g for g, _ in gains) < self._near_epsilon():
+                s["abandon"] = True
+                return SENT_DENSE
             return SENT_MIN
         return SENT_MIN if s["delta"] >= self.epsilon else SENT_DENSE
 
@@ -209,6 +220,9 @@ class Auto(Controller):
         s = self._s
         s["step_in_phase"] += 1
         pending, s["pending"] = s["pending"], None
+        if s.pop("abandon", False):
+            self._end_trial(record.step, sync, abandoned=True)
+            return
         measured = record.sent in (SENT_MIN, SENT_DENSE) and record.t_iter is not None
         if measured and (s["phase"] == "run" or s["step_in_phase"] > self.settle_steps):
             gain_min, gain_c = pending if pending is not None else (1.0, None)
@@ -280,11 +294,15 @@ class Auto(Controller):
                 and (s.get("delta_c") or 0.0) >= self.epsilon and not self._eligible(key))
 
     # -- between phases (every rank, same order; rank 0's measurements) --------------------
-    def _measure(self, step: int, sync: Sync, reason: str | None = None) -> dict:
+    def _measure(self, step: int, sync: Sync, reason: str | None = None,
+                 gains: dict | None = None) -> dict:
         """The current method's table entry from this phase's samples: rank 0's,
         broadcast (only rank 0's timings count, as in GraVAC). ``reason``: why a run is
-        re-checked (logged with the entry)."""
+        re-checked (logged with the entry); ``gains``: the entry's gains, where they are
+        not the measured steps' (an abandoned trial)."""
         entry = self._summarise() if sync.rank == 0 else None
+        if entry is not None and gains is not None:
+            entry.update(gains)
         if entry is not None and self._s["phase"] == "run" and \
                 not self._method(self._s["current"]).dense:
             # A run's gain: what it sends at as it ends (recent, else the smoothed one).
@@ -317,8 +335,26 @@ class Auto(Controller):
                 "gain_next": statistics.fmean(nexts) if nexts else None,
                 "steps": len(samples)}
 
-    def _end_trial(self, step: int, sync: Sync) -> None:
-        self._measure(step, sync)
+    def _near_epsilon(self) -> float:
+        """The gain within ``recheck_within`` of ε: a method measured below it is far from
+        eligible (its trial ends at once; it is not re-measured as stale)."""
+        return (1 - self.recheck_within) * self.epsilon
+
+    def _end_trial(self, step: int, sync: Sync, abandoned: bool = False) -> None:
+        """The trial's entry, its gains' verdict on the queue, the next trial or the choice.
+        ``abandoned``: its mean gain so far fell far below ε (``decide``); the entry's gain
+        is that mean over every step of the trial, the settling ones included."""
+        if abandoned:
+            gains = self._s["trial_gains"]
+            nexts = [c for _, c in gains if c is not None]
+            self._log(step, "abandoned", self._s["current"], steps=len(gains),
+                      reason=f"mean gain below (1 - recheck_within) x epsilon = "
+                             f"{self._near_epsilon():.4g}")
+            self._measure(step, sync, gains={
+                "gain": statistics.fmean(g for g, _ in gains),
+                "gain_next": statistics.fmean(nexts) if nexts else None})
+        else:
+            self._measure(step, sync)
         self._prune_by_gain(step)
         self._advance(step)
 
@@ -358,7 +394,7 @@ class Auto(Controller):
         gains rule out is re-tried from its safe end instead."""
         s = self._s
         at = s.get("measured_at", {})
-        near = (1 - self.recheck_within) * self.epsilon
+        near = self._near_epsilon()
         stale = [k for k, e in s["table"].items()
                  if k != s["current"] and k not in queue and not self._method(k).dense
                  and e["t"] is not None and e["t"] > 0 and 1.0 / e["t"] > best
@@ -417,7 +453,7 @@ class Auto(Controller):
         entry = s["table"].get(key)
         if phase == "run" and entry is not None and not self._method(key).dense:
             s["delta"], s["delta_c"] = entry["gain"], entry.get("gain_next")
-        s.update(phase=phase, current=key, step_in_phase=0, samples=[])
+        s.update(phase=phase, current=key, step_in_phase=0, samples=[], trial_gains=[])
 
     def _prune_by_gain(self, step: int) -> None:
         """Gains only fall with a higher CF or a lower rank: a gain below ε rules out every

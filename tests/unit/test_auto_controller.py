@@ -105,11 +105,12 @@ def test_the_chosen_method_falls_back_to_dense_per_step_when_its_smoothed_gain_d
 
 
 def test_a_trial_sends_its_method_in_every_step_whatever_its_smoothed_gain():
-    """A trial whose first gain is below ε (the smoothed gain, at GraVAC's small alpha,
-    stays below for the whole trial) still sends its method: the entry gets the method's
-    own time, and its mean gain (above ε) makes it eligible."""
+    """A trial whose first gain is below ε, but within recheck_within of it (the smoothed
+    gain, at GraVAC's small alpha, stays below ε for the whole trial), still sends its
+    method: the entry gets the method's own time, and its mean gain (above ε) makes it
+    eligible."""
     auto = _auto(methods=["dense", "powersgd:4"], alpha=0.02, trial_steps=3)
-    gains = iter([0.3, 0.7, 0.7, 0.7])         # powersgd:4's trial: mean over measured 0.7
+    gains = iter([0.45, 0.7, 0.7, 0.7])        # powersgd:4's trial: mean over measured 0.7
     sent = []
     for step in range(8):
         plan = auto.plan(step)
@@ -126,12 +127,12 @@ def test_a_trial_sends_its_method_in_every_step_whatever_its_smoothed_gain():
 
 
 def test_a_run_starts_its_smoothed_gain_from_the_gain_that_chose_it():
-    """sparse:10's trial starts at a gain of 0.3 (its settling step), then measures 0.8:
+    """sparse:10's trial starts at a gain of 0.45 (its settling step), then measures 0.8:
     chosen at a mean gain of 0.8, its run's first gain of 0.45 does not send dense. At
     alpha 0.02 the smoothed gain is 0.98 * 0.8 + 0.02 * 0.45, not the trial's EWMA, which
-    its first step held near 0.3. The candidate gain starts from the trial's too."""
+    its first step held below ε. The candidate gain starts from the trial's too."""
     auto = _auto(methods=["dense", "sparse:10", "sparse:20"], alpha=0.02)
-    gains = iter([0.3, 0.8, 0.8])
+    gains = iter([0.45, 0.8, 0.8])
     _drive(auto, 6, {"dense": 1.0, "sparse:10": 0.5, "sparse:20": 0.4}.get,
            lambda k: next(gains), {"sparse:10": 0.3}.get)
     assert auto.current == "sparse:10" and auto.phase == "run"
@@ -296,7 +297,8 @@ def test_a_stale_entry_far_below_epsilon_is_not_measured_again(rank1_gain, retri
     """PowerSGD rank 1 is fast (0.1 s: at a gain of 1 it would beat every score) but was
     measured below ε. At the re-check that PowerSGD rank 4's drift starts, rank 1 runs a
     trial again only if its gain was within recheck_within (15%) of ε = 0.5: a trial
-    sends its method, so re-trying one far below ε sends steps at that gain."""
+    sends its method, so re-trying one far below ε sends steps at that gain. Far below,
+    its first trial ends after its first step, which goes dense."""
     auto = _auto(methods=["dense", "fp16", "powersgd:1", "powersgd:4"], recheck_every=1000)
     times = {"dense": 1.0, "fp16": 0.3, "powersgd:1": 0.1, "powersgd:4": 0.2}
     gains = {"powersgd:4": iter([0.9] * 3 + [0.6] * 100),
@@ -308,4 +310,40 @@ def test_a_stale_entry_far_below_epsilon_is_not_measured_again(rank1_gain, retri
     assert rechecks and rechecks[0]["method"] == "powersgd:4"
     trials_after = ran[rechecks[0]["step"] + 1:]
     assert ("powersgd:1" in trials_after) == retried
-    assert ran.count("powersgd:1") == 3 * (2 if retried else 1)
+    assert ran.count("powersgd:1") == (3 * 2 if retried else 1)
+
+
+def test_a_trial_whose_gain_so_far_is_far_below_epsilon_ends_and_sends_that_step_dense():
+    """ε = 0.5, recheck_within 0.15: a trial ends at the step where the mean of its gains
+    so far (settling steps too) falls below 0.425, and that step goes dense. PowerSGD
+    rank 4's first gain, 0.4, ends its trial at once (rank 1, which keeps less, is ruled
+    out); Top-k 10x's gains 0.6, 0.3, 0.3 end its trial at the third of its four steps
+    (mean 0.4; sparse:20 ruled out). Their entries hold that mean and the measured step
+    time, if any; dense, the only eligible method, is chosen."""
+    auto = _auto(methods=["dense", "powersgd:4", "powersgd:1", "sparse:10", "sparse:20"],
+                 trial_steps=3)
+    times = {"dense": 1.0, "powersgd:4": 0.2, "powersgd:1": 0.1, "sparse:10": 0.3,
+             "sparse:20": 0.25}
+    gains = {"powersgd:4": iter([0.4] * 10), "sparse:10": iter([0.6, 0.3, 0.3, 0.9])}
+    ran, sent = [], []
+    for step in range(11):
+        plan = auto.plan(step)
+        key = plan.method.key
+        ran.append(key)
+        decision = auto.decide(next(gains[key]), 0.2) if plan.needs_gains else SENT_MIN
+        sent.append(decision)
+        auto.end_step(StepRecord(step=step, sent=decision, cf=1.0, gain=1.0, t_iter=times[key],
+                                 samples=32, extra={"t_comm": 0.5 * times[key]}), LocalSync())
+    assert ran == ["dense"] * 4 + ["powersgd:4"] + ["sparse:10"] * 3 + ["dense"] * 3
+    assert sent[4:8] == [SENT_DENSE, SENT_MIN, SENT_MIN, SENT_DENSE]
+    abandoned = [(d["step"], d["method"], d["steps"]) for d in auto.decisions
+                 if d["event"] == "abandoned"]
+    assert abandoned == [(4, "powersgd:4", 1), (7, "sparse:10", 3)]
+    pruned = {d["method"] for d in auto.decisions if d["event"] == "pruned"}
+    assert pruned == {"powersgd:1", "sparse:20"}
+    table = auto.table
+    assert table["powersgd:4"]["gain"] == pytest.approx(0.4) and table["powersgd:4"]["t"] is None
+    assert table["sparse:10"]["gain"] == pytest.approx(0.4)
+    assert table["sparse:10"]["gain_next"] == pytest.approx(0.2)
+    assert table["sparse:10"]["t"] == pytest.approx(0.3)      # its one measured step
+    assert auto.current == "dense" and auto.phase == "run"
