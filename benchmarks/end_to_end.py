@@ -35,6 +35,7 @@ and results.json, and a gravac.report per rate (dense as baseline) go under --ou
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import subprocess
@@ -241,12 +242,15 @@ def load(run_dir: Path) -> dict:
     gravac's one reader of run directories (``gravac.report.load_run``)."""
     # Imported here: the tables and --help need neither torch nor matplotlib.
     from gravac.report import load_run
+    from gravac.report.stats import exploration
 
     run = load_run(run_dir)
+    cost = exploration(run)
     return {"steps": run.steps, "windows": run.windows,
             "eval": run.evals[-1] if run.evals else {},
             "chosen": [(e["step"], e["method"]) for e in run.method_events
-                       if e.get("event") == "chosen"]}
+                       if e.get("event") == "chosen"],
+            "exploration": None if cost is None else dataclasses.asdict(cost)}
 
 
 def smoothed(steps: list[dict], width: int = 10) -> list[float]:
@@ -284,6 +288,7 @@ def summarize(run: dict, target: float, warmup: int = 10) -> dict:
         # controller: auto: steps per method, and (step, method) of each choice.
         "methods": method_counts,
         "chosen": run.get("chosen", []),
+        "exploration": run.get("exploration"),
         "windows": [(w["step"], w["theta_min"], w["theta_c"],
                      "dense" if w.get("on_dense") else ("yes" if w["settled"] else "no"))
                     for w in run["windows"]],
@@ -318,6 +323,10 @@ def table(rate: str, results: dict[str, dict], target: float, backend: str) -> s
             # controller: auto: what it ran, and which method it chose at which step.
             lines += ["", f"{name}: steps per method: {g['methods']}; chosen (step: method): "
                       + ", ".join(f"{step}: {method}" for step, method in g["chosen"])]
+            if g.get("exploration"):
+                from gravac.report.stats import Exploration
+                from gravac.report.summary import exploration_line
+                lines += ["", f"{name}: " + exploration_line(Exploration(**g["exploration"]))]
             continue
         lines += ["", f"{name}: steps per sent@CF: {g['sent']}; windows (step, θmin, θc, "
                   "saturated, or dense under settle_dense): " +

@@ -256,3 +256,49 @@ def time_breakdown(run: Run, skip: int = 10) -> dict[str, float] | None:
         values = [s[key] for s in steps if s.get(key) is not None]
         out[key] = float(np.median(values)) if values else None
     return out
+
+
+@dataclass(frozen=True)
+class Exploration:
+    """What ``controller: auto``'s trials cost a run (:func:`exploration`).
+
+    ``steps``: steps that ran a method other than the one chosen at the time (every step
+    before the first choice, and the trials of the re-checks); ``seconds``: their time;
+    ``excess``: their time minus what as many steps take at the median step time of the
+    rest of the run (the chosen methods'), so what exploring cost against running the
+    choices throughout; ``share``: ``excess`` over the run's whole step time. Time only: a
+    trial's effect on the loss (its steps' gains) is not in it.
+    """
+
+    steps: int
+    total_steps: int
+    seconds: float
+    excess: float
+    share: float
+
+
+def exploration(run: Run) -> Exploration | None:
+    """The trials' cost in ``run`` (an ``Exploration``), or None for a run without Auto's
+    choices or whose every step was a trial.
+
+    Example::
+
+        cost = exploration(load_run("runs/lstm-auto"))
+        print(f"{cost.steps} trial steps, {100 * cost.share:.1f}% of the run's time")
+    """
+    chosen = sorted((e["step"], e["method"]) for e in run.method_events
+                    if e.get("event") == "chosen")
+    steps = [s for s in run.steps if s.get("t_iter") is not None and s.get("method")]
+    if not chosen or not steps:
+        return None
+    exploring, settled = [], []
+    for s in steps:
+        # A choice logged at the end of step k holds from step k + 1.
+        current = [method for step, method in chosen if step < s["step"]]
+        (settled if current and s["method"] == current[-1] else exploring).append(s["t_iter"])
+    if not settled:
+        return None
+    total = sum(exploring) + sum(settled)
+    excess = sum(exploring) - len(exploring) * float(np.median(settled))
+    return Exploration(steps=len(exploring), total_steps=len(steps), seconds=sum(exploring),
+                       excess=excess, share=excess / total if total > 0 else 0.0)

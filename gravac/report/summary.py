@@ -14,7 +14,7 @@ from typing import Sequence
 
 from .load import Run
 from .plots import PLOTS, metric_title
-from .stats import TIME_COLUMNS, RunSummary, time_breakdown
+from .stats import TIME_COLUMNS, RunSummary, exploration, time_breakdown
 
 DASH = "—"  # a value the run did not log
 
@@ -103,9 +103,21 @@ def method_section(run: Run) -> list[str]:
              _num(e.get("gain"), ".3f"), _num(e.get("gain_next"), ".3f"),
              _num(e.get("score"), ".4g"), e.get("reason") or ""]
             for e in run.method_events]
-    return [f"### {run.label}", ""] + _table(
+    lines = [f"### {run.label}", ""] + _table(
         ["After step", "Event", "Method", "Step ms", "Gain", "Next CF's gain", "Score",
          "Why"], rows) + [""]
+    cost = exploration(run)
+    if cost is not None:
+        lines += [exploration_line(cost), ""]
+    return lines
+
+
+def exploration_line(cost) -> str:
+    """One sentence: what Auto's trials cost the run (``stats.exploration``)."""
+    return (f"Exploration: {cost.steps} of {cost.total_steps} steps ran a method other than "
+            f"the one chosen at the time ({cost.seconds:.1f} s); against the chosen methods' "
+            f"median step they cost {cost.excess:+.1f} s, {100 * cost.share:+.1f}% of the "
+            "run's step time.")
 
 
 def time_section(runs: Sequence[Run]) -> list[str]:

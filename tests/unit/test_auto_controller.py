@@ -313,13 +313,14 @@ def test_a_stale_entry_far_below_epsilon_is_not_measured_again(rank1_gain, retri
     assert ran.count("powersgd:1") == (3 * 2 if retried else 1)
 
 
-def test_a_trial_whose_gain_so_far_is_far_below_epsilon_ends_and_sends_that_step_dense():
+def test_a_trial_whose_gain_so_far_is_far_below_epsilon_ends_at_that_step():
     """ε = 0.5, recheck_within 0.15: a trial ends at the step where the mean of its gains
-    so far (settling steps too) falls below 0.425, and that step goes dense. PowerSGD
-    rank 4's first gain, 0.4, ends its trial at once (rank 1, which keeps less, is ruled
-    out); Top-k 10x's gains 0.6, 0.3, 0.3 end its trial at the third of its four steps
-    (mean 0.4; sparse:20 ruled out). Their entries hold that mean and the measured step
-    time, if any; dense, the only eligible method, is chosen."""
+    so far (settling steps too) falls below 0.425; that step still goes out compressed.
+    PowerSGD rank 4's first gain, 0.4, ends its trial at once (rank 1, which keeps less, is
+    ruled out); Top-k 10x's gains 0.6, 0.3, 0.3 end its trial at the third of its four
+    steps (mean 0.4; sparse:20 ruled out). Their entries hold that mean and the median
+    time of their measured steps (none for rank 4's one settling step); dense, the only
+    eligible method, is chosen."""
     auto = _auto(methods=["dense", "powersgd:4", "powersgd:1", "sparse:10", "sparse:20"],
                  trial_steps=3)
     times = {"dense": 1.0, "powersgd:4": 0.2, "powersgd:1": 0.1, "sparse:10": 0.3,
@@ -335,7 +336,7 @@ def test_a_trial_whose_gain_so_far_is_far_below_epsilon_ends_and_sends_that_step
         auto.end_step(StepRecord(step=step, sent=decision, cf=1.0, gain=1.0, t_iter=times[key],
                                  samples=32, extra={"t_comm": 0.5 * times[key]}), LocalSync())
     assert ran == ["dense"] * 4 + ["powersgd:4"] + ["sparse:10"] * 3 + ["dense"] * 3
-    assert sent[4:8] == [SENT_DENSE, SENT_MIN, SENT_MIN, SENT_DENSE]
+    assert sent[4:8] == [SENT_MIN] * 4
     abandoned = [(d["step"], d["method"], d["steps"]) for d in auto.decisions
                  if d["event"] == "abandoned"]
     assert abandoned == [(4, "powersgd:4", 1), (7, "sparse:10", 3)]
@@ -345,5 +346,30 @@ def test_a_trial_whose_gain_so_far_is_far_below_epsilon_ends_and_sends_that_step
     assert table["powersgd:4"]["gain"] == pytest.approx(0.4) and table["powersgd:4"]["t"] is None
     assert table["sparse:10"]["gain"] == pytest.approx(0.4)
     assert table["sparse:10"]["gain_next"] == pytest.approx(0.2)
-    assert table["sparse:10"]["t"] == pytest.approx(0.3)      # its one measured step
+    assert table["sparse:10"]["t"] == pytest.approx(0.3) and table["sparse:10"]["steps"] == 2
     assert auto.current == "dense" and auto.phase == "run"
+
+
+def test_a_climb_whose_cf_measured_below_its_candidate_gain_needs_that_much_more():
+    """Top-k 10x runs; its candidate gain (20x's, from the second pass) rises from 0.3 to
+    0.6 and 20x runs a trial, which measures 0.45 (below ε = 0.5): the candidate gain
+    overestimated it by 0.15. At 0.6 the climb does not come again; at 0.7 (0.55 less the
+    gap) it does. PowerSGD rank 4, ruled out at the first exploration, is not re-tried by
+    these re-checks: a family's safe end waits recheck_every steps."""
+    auto = _auto(methods=["dense", "powersgd:4", "sparse:10", "sparse:20"], alpha=1.0,
+                 recheck_every=1000)
+    times = {"dense": 1.0, "powersgd:4": 0.2, "sparse:10": 0.5, "sparse:20": 0.4}
+    own = {"powersgd:4": 0.3, "sparse:10": 0.9, "sparse:20": 0.45}
+    ran, gaps = [], []
+    for candidate, steps in ((0.3, 7), (0.6, 15), (0.7, 6)):
+        ran += _drive(auto, steps, times.get, own.get,
+                      lambda k, c=candidate: c if k == "sparse:10" else None)
+        gaps.append(dict(auto._s.get("climb_gap", {})))
+    assert ran[:7] == ["dense"] * 3 + ["powersgd:4"] + ["sparse:10"] * 3
+    assert ran[7:22] == ["sparse:10"] * 3 + ["sparse:20"] * 3 + ["sparse:10"] * 9
+    assert gaps[1] == {"sparse:20": pytest.approx(0.15)}
+    # The candidate gain's first step at 0.7 starts the climb; the trial measures the gap
+    # again (0.7 - 0.45).
+    assert ran[22:] == ["sparse:10"] + ["sparse:20"] * 3 + ["sparse:10"] * 2
+    assert gaps[2] == {"sparse:20": pytest.approx(0.25)}
+    assert ran.count("powersgd:4") == 1

@@ -356,3 +356,30 @@ def test_time_breakdown_is_the_median_of_each_phase(tmp_path):
     row = next(line for line in section if line.startswith("| profiled |"))
     assert "| 20.5 |" in row and "| 2.0 |" in row
     assert not any(line.startswith("| resnet-dense |") for line in section)
+
+
+def test_exploration_is_the_trials_time_over_the_chosen_methods_median(tmp_path):
+    """Auto's trials: every step before the first choice, and a re-check's trial of
+    another method (sparse:10 at step 9), against the median step of the chosen fp16
+    (1.0 s of 1.0, 1.2, 0.8): 7 steps, 7.7 s, 0.7 s more than fp16 would take."""
+    from gravac.report.stats import exploration
+
+    plan = [("fp16", 1.0)] * 3 + [("powersgd:4", 0.2), ("dense", 2.0), ("dense", 2.0),
+                                  ("fp16", 1.0), ("fp16", 1.2), ("sparse:10", 0.5),
+                                  ("fp16", 0.8)]
+    records = [start("auto", "auto")]
+    for k, (method, t) in enumerate(plan, start=1):
+        rec = step(k, float(k), 1.0, "dense", 1000.0 * k, 1000.0 * k)
+        rec.update(method=method, t_iter=t)
+        records.append(rec)
+    records += [{"kind": "method", "step": k, "time": float(k), "event": "chosen",
+                 "method": "fp16", "score": 1.0} for k in (6, 9)]
+    run = load_run(write_run(tmp_path / "auto", records))
+    cost = exploration(run)
+    assert (cost.steps, cost.total_steps) == (7, 10)
+    assert cost.seconds == pytest.approx(7.7) and cost.excess == pytest.approx(0.7)
+    assert cost.share == pytest.approx(0.7 / 10.7)
+    build_report([tmp_path / "auto"], tmp_path / "report")
+    text = (tmp_path / "report" / "report.md").read_text()
+    assert "Exploration: 7 of 10 steps" in text and "+6.5% of the run's step time" in text
+    assert exploration(load_run(dense_run(tmp_path / "dense"))) is None
