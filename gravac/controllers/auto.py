@@ -586,7 +586,9 @@ class Auto(Controller):
         return copy.deepcopy(self._s["table"])
 
     def summary(self) -> dict:
-        return {"delta_min": self._s["delta"]}
+        """The smoothed gains of the current method: its own and its next CF's (what
+        starts a climb), in every step record."""
+        return {"delta_min": self._s["delta"], "delta_c": self._s.get("delta_c")}
 
     @property
     def decisions(self) -> list[dict]:

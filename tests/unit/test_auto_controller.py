@@ -140,7 +140,7 @@ def test_a_run_starts_its_smoothed_gain_from_the_gain_that_chose_it():
     auto.plan(6)
     assert auto.decide(0.45, 0.2) == SENT_MIN
     assert auto.summary()["delta_min"] == pytest.approx(0.98 * 0.8 + 0.02 * 0.45)
-    assert auto._s["delta_c"] == pytest.approx(0.98 * 0.3 + 0.02 * 0.2)
+    assert auto.summary()["delta_c"] == pytest.approx(0.98 * 0.3 + 0.02 * 0.2)
 
 
 def test_a_chosen_method_whose_smoothed_gain_falls_below_epsilon_is_rechecked_at_once():
