@@ -46,9 +46,9 @@ stays in error feedback. A trial sends its method in every step: it measures tha
 time, and its mean gain decides eligibility. Unless the mean of its gains so far (settling
 steps included) is far below ε, under (1 - ``recheck_within``) x ε: then that step (sent
 as the method) is the trial's last (``abandoned``), its entry holding that mean, so a
-method that cannot become eligible sends no more steps at that gain. Every choice, trial, abandoned
-trial and pruned candidate is in ``decisions`` (the trainer writes them as ``method``
-lines).
+method that cannot become eligible sends no more steps at that gain. Every choice, trial,
+abandoned trial and pruned candidate is in ``decisions`` (the trainer writes them as
+``method`` lines).
 
 Example::
 
@@ -169,8 +169,8 @@ class Auto(Controller):
         first = self.calibration
         return {"phase": "trial", "current": first, "round": 1, "step_in_phase": 0,
                 "queue": [m.key for m in self.candidates if m.key != first],
-                "samples": [], "trial_gains": [], "pending": None, "delta": None, "delta_c": None, "table": {},
-                "measured_at": {},
+                "samples": [], "trial_gains": [], "pending": None, "delta": None,
+                "delta_c": None, "table": {}, "measured_at": {},
                 "decisions": []}
 
     def _method(self, key: str) -> Method:
@@ -371,7 +371,8 @@ class Auto(Controller):
             # that started it (``_next_gain``).
             s["climb"] = None
             if climb[1] is not None:
-                s.setdefault("climb_gap", {})[climb[0]] =                     max(climb[1] - s["table"][climb[0]]["gain"], 0.0)
+                gap = climb[1] - s["table"][climb[0]]["gain"]
+                s.setdefault("climb_gap", {})[climb[0]] = max(gap, 0.0)
         self._prune_by_gain(step)
         self._advance(step)
 

@@ -14,7 +14,7 @@ from typing import Sequence
 
 from .load import Run
 from .plots import PLOTS, metric_title
-from .stats import TIME_COLUMNS, RunSummary, exploration, time_breakdown
+from .stats import TIME_COLUMNS, Exploration, RunSummary, exploration, time_breakdown
 
 DASH = "—"  # a value the run did not log
 
@@ -112,7 +112,7 @@ def method_section(run: Run) -> list[str]:
     return lines
 
 
-def exploration_line(cost) -> str:
+def exploration_line(cost: Exploration) -> str:
     """One sentence: what Auto's trials cost the run (``stats.exploration``)."""
     return (f"Exploration: {cost.steps} of {cost.total_steps} steps ran a method other than "
             f"the one chosen at the time ({cost.seconds:.1f} s); against the chosen methods' "
