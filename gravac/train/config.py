@@ -177,6 +177,11 @@ class OptimizerConfig:
     lr_milestones: list[int] = field(default_factory=list)
     # The factor of each lr_milestones step.
     lr_gamma: float = 0.1
+    # Steps of linear learning-rate warm-up (torchvision's --lr-warmup-epochs, counted in
+    # iterations): the rate rises from lr_warmup_start x lr to lr. 0: none.
+    lr_warmup_steps: int = 0
+    # The warm-up's first fraction of lr (torchvision's --lr-warmup-decay).
+    lr_warmup_start: float = 0.01
     # Clip the averaged gradients to this global norm before the update (null: no clipping).
     grad_clip: float | None = None
     # How torch runs the update: "fused" (one kernel per tensor: ~4x faster than the
@@ -531,6 +536,10 @@ def validate(cfg: Config) -> None:
     _require(all(m >= 1 for m in o.lr_milestones) and o.lr_milestones == sorted(set(o.lr_milestones)),
              "optimizer.lr_milestones", o.lr_milestones, "must be increasing iteration numbers >= 1")
     _require(0 < o.lr_gamma <= 1, "optimizer.lr_gamma", o.lr_gamma, "must be in (0, 1]")
+    _require(o.lr_warmup_steps >= 0, "optimizer.lr_warmup_steps", o.lr_warmup_steps,
+             "must be >= 0 (0: no warm-up)")
+    _require(0 < o.lr_warmup_start <= 1, "optimizer.lr_warmup_start", o.lr_warmup_start,
+             "must be in (0, 1]")
     _require(o.implementation in OPTIMIZER_IMPLEMENTATIONS, "optimizer.implementation",
              o.implementation, f"must be one of {', '.join(OPTIMIZER_IMPLEMENTATIONS)}")
     _require(o.grad_clip is None or o.grad_clip > 0, "optimizer.grad_clip", o.grad_clip,

@@ -40,6 +40,7 @@ from .method import build_method, prepare_environment
 from .monitor import RankPhaseLog, RunLogger, truncate_metrics
 from .resume import check_resume_config
 from .run_lock import RunDirLock, clear_run_dir
+from .schedule import build_scheduler
 from .signals import Interrupted, StopSignal
 from .tasks import build_task
 from .watchdog import CHECKPOINT, COMMIT, EVALUATION, EXCHANGE, StallWatchdog
@@ -141,9 +142,7 @@ class Trainer:
         # The task's forward (and so backward) goes through DDP where the method is DDP,
         # which averages the gradients; checkpoints and evaluation keep the bare model.
         self.task.model = self.method.wrap_model(self.model)
-        o = cfg.optimizer
-        self.scheduler = torch.optim.lr_scheduler.MultiStepLR(self.opt, milestones=o.lr_milestones,
-                                                              gamma=o.lr_gamma)
+        self.scheduler = build_scheduler(self.opt, cfg.optimizer)
         self.total_steps = cfg.run.steps or cfg.run.epochs * self.task.steps_per_epoch
         self.run_dir = Path(cfg.run.output_dir) / cfg.run.name
         self._run_lock = RunDirLock(self.run_dir)    # rank 0 takes it in start()

@@ -56,6 +56,8 @@ def test_set_parses_yaml_values_without_eval():
     (["run.steps=5", "data.name=cifar10", "model.name=resnet18"], "data.root=None: must point at"),
     (["run.steps=5", "nonsense.key=1"], "unknown key 'nonsense'; known keys: run, model, data"),
     (["run.steps=5", "optimizer.lr_milestones=[9, 3]"], "must be increasing"),
+    (["run.steps=5", "optimizer.lr_warmup_steps=-1"], r"optimizer.lr_warmup_steps=-1: must be >= 0"),
+    (["run.steps=5", "optimizer.lr_warmup_start=0"], r"optimizer.lr_warmup_start=0.0: must be in \(0, 1\]"),
     (["run.steps=5", 'run.name="x-{modle}"'], "placeholders may only be"),
     # issue 16: infinite / NaN numbers, a sparsifier-less compressed controller
     (["run.steps=5", "optimizer.lr=.inf"], r"optimizer.lr=inf: must be a finite number"),
