@@ -139,7 +139,7 @@ METHODS: dict[str, tuple[str, list[str]]] = {
     "gravac_auto_eps0.5": ("auto.yaml", ["compression.auto.recheck_every=100",
                                          "compression.auto.epsilon=0.5"]),
     # The same with the layers under 16,384 elements sent dense (min_compress_numel): on
-    # the wide CNN conv2 (4,608) and fc3 (10,240) hold a third of g_ef's energy at low
+    # the wide CNN conv2 (4,608) and fc3 (10,240) hold half of g_ef's energy at low
     # Top-k gains in 0.4% of the bytes (docs/results/cpu_layer_gains_2026-11-28): what a
     # choice per layer group would send dense there.
     "gravac_auto_small_layers_dense": ("auto.yaml", ["compression.auto.recheck_every=100",

@@ -7,10 +7,9 @@ gradients: Top-k at a CF (largest |values| of g_ef) and PowerSGD at a rank (one 
 iteration with a warm-started Q, as ``gravac.compressors.powersgd`` does; layers whose
 rank-r form is not smaller go dense). Per layer it reports the mean over the last
 ``--measure`` steps of the energy gain ‖C(g_ef)‖² / ‖g_ef‖², the layer's share of the
-model's g_ef energy and of the bytes the method sends. Then the best split: the
-layers compressed, in decreasing order of bytes saved per unit of energy lost, while the
-whole model's gain (the dense layers count at gain 1) stays >= ε, and the bytes that
-split sends against dense's and against the whole model's compression.
+model's g_ef energy and of the bytes the method sends. Then the cheapest split: which
+layers to compress, the others dense, for the fewest bytes while the gain GraVAC measures
+(over the compressed layers: docs/ALGORITHM.md §1) stays >= ε (``best_split``).
 
 One process, no exchange: gains of one rank's g_ef (with N ranks gravac measures the
 averaged ones), a dense trajectory (the compressors' residuals do not feed the training).
@@ -154,28 +153,37 @@ def _per_layer(compress, layers, kept, total) -> list[dict]:
 
 
 def best_split(rows: list[dict], epsilon: float) -> dict:
-    """The layers to compress so that the model's gain (dense layers at gain 1) stays >= ε
-    for the fewest bytes: greedily, in decreasing order of bytes saved per unit of energy
-    lost (a layer that loses no energy first)."""
+    """The layers to compress for the fewest bytes while the gain GraVAC measures, over the
+    compressed layers only (Σ kept / Σ g_ef energy of those layers), stays >= ε; the
+    others go dense. Every layer whose own gain is at least ε is compressed (it adds to
+    the slack Σ (gain - ε) x energy); then the others, in decreasing order of bytes saved
+    per unit of slack they use, while the slack stays >= 0. Also the gain counted over the
+    whole model, dense layers at 1: what a criterion over every parameter would read."""
     dense = sum(VALUE_BYTES * r["numel"] for r in rows)
-    whole_gain = sum(r["gain"] * r["energy_share"] for r in rows)
-    whole_bytes = sum(r["sent_bytes"] for r in rows)
+    low = [r for r in rows if r["compressed"] and VALUE_BYTES * r["numel"] > r["sent_bytes"]]
 
-    def saved_per_lost(r):
-        lost = (1 - r["gain"]) * r["energy_share"]
-        saved = VALUE_BYTES * r["numel"] - r["sent_bytes"]
-        return saved / lost if lost > 0 else float("inf")
-    lost, chosen = 0.0, []
-    for r in sorted((r for r in rows if r["compressed"]), key=saved_per_lost, reverse=True):
-        loss = (1 - r["gain"]) * r["energy_share"]
-        if VALUE_BYTES * r["numel"] <= r["sent_bytes"] or 1 - (lost + loss) < epsilon:
-            continue
-        lost += loss
-        chosen.append(r["layer"])
-    split_bytes = sum(r["sent_bytes"] if r["layer"] in chosen else VALUE_BYTES * r["numel"]
+    def measured(layers):
+        energy = sum(r["energy_share"] for r in layers)
+        return sum(r["gain"] * r["energy_share"] for r in layers) / energy if energy else None
+
+    def saved_per_slack(r):
+        used = (epsilon - r["gain"]) * r["energy_share"]
+        return (VALUE_BYTES * r["numel"] - r["sent_bytes"]) / used if used > 0 else float("inf")
+    chosen = [r for r in low if r["gain"] >= epsilon]
+    slack = sum((r["gain"] - epsilon) * r["energy_share"] for r in chosen)
+    for r in sorted((r for r in low if r["gain"] < epsilon), key=saved_per_slack, reverse=True):
+        used = (epsilon - r["gain"]) * r["energy_share"]
+        if slack - used >= 0:
+            slack -= used
+            chosen.append(r)
+    names = {r["layer"] for r in chosen}
+    split_bytes = sum(r["sent_bytes"] if r["layer"] in names else VALUE_BYTES * r["numel"]
                       for r in rows)
-    return {"whole_gain": whole_gain, "whole_bytes_vs_dense": whole_bytes / dense,
-            "split_gain": 1 - lost, "split_layers": chosen,
+    return {"whole_gain": measured(low), "whole_bytes_vs_dense": sum(
+                r["sent_bytes"] if r in low else VALUE_BYTES * r["numel"] for r in rows) / dense,
+            "split_layers": [r["layer"] for r in rows if r["layer"] in names],
+            "split_gain": measured(chosen),
+            "split_model_gain": 1 - sum((1 - r["gain"]) * r["energy_share"] for r in chosen),
             "split_bytes_vs_dense": split_bytes / dense}
 
 
@@ -212,11 +220,15 @@ def main(argv=None) -> int:
 
 
 def _print(workload: str, text: str, rows: list[dict], split: dict, epsilon: float) -> None:
-    print(f"\n### {workload}, {text}\n\nWhole model: gain {split['whole_gain']:.3f}, "
-          f"{split['whole_bytes_vs_dense']:.3f} of dense's bytes. Best split at epsilon "
-          f"{epsilon:g}: gain {split['split_gain']:.3f}, {split['split_bytes_vs_dense']:.3f} "
-          f"of dense's bytes, {len(split['split_layers'])} of {len(rows)} layers compressed "
-          f"(the others dense).\n")
+    def gain(value):
+        return "none compressed" if value is None else f"{value:.3f}"
+    print(f"\n### {workload}, {text}\n\nAll its layers compressed: gain {gain(split['whole_gain'])} "
+          f"(over the compressed layers, as gravac measures it), "
+          f"{split['whole_bytes_vs_dense']:.3f} of dense's bytes. The cheapest split whose "
+          f"gain is >= {epsilon:g}: {len(split['split_layers'])} of {len(rows)} layers "
+          f"compressed (the others dense), gain {gain(split['split_gain'])}, "
+          f"{split['split_bytes_vs_dense']:.3f} of dense's bytes; counted over the whole "
+          f"model with the dense layers at 1, {split['split_model_gain']:.3f}.\n")
     print("| layer | shape | gain | energy share | bytes share | compressed in the split |")
     print("|---|---|---:|---:|---:|---|")
     sent = sum(r["sent_bytes"] for r in rows)
