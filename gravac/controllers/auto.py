@@ -24,12 +24,11 @@ How it explores, cheaply:
   allreduce / allgather terms) at the best bandwidth measured so far. A candidate whose
   bound cannot beat the best measured score (with ``tolerance``) is not run. fp16 runs
   first (dense when fp16 is not a candidate): it calibrates the link at half dense's
-  bytes. Dense, the floor every choice is measured against, is never pruned by that
-  prediction: where latency or the CPU dominates the waits (loopback, few cores) it is no
-  lower bound, and it once priced dense out where dense was the fastest. Its trial is
-  skipped only where fp16's measured step, less its casts, cannot beat the best score:
-  dense's step is no shorter (the same work, twice the bytes on the same collectives).
-  A re-check measures it when that bound no longer rules it out.
+  bytes. Dense, the floor every choice is measured against, always runs a trial: where
+  latency or the CPU dominates the waits (loopback, few cores) the bound is no lower
+  bound, and it once priced dense out where dense was the fastest. Where fp16's measured
+  step, less its casts, cannot beat the other methods' best score, dense's trial measures
+  one step after settling instead of ``trial_steps``: on a slow link it is the dearest.
 * **Re-checked.** After ``recheck_every`` steps of the chosen method, its entry is
   replaced by what those steps measured, and the methods whose score was within
   ``recheck_within`` of the best run a trial again, with the next sparse CF when the
@@ -230,7 +229,8 @@ class Auto(Controller):
                                  record.extra.get("t_pack")])
         if s.pop("abandon", False):
             self._end_trial(record.step, sync, abandoned=True)
-        elif s["phase"] == "trial" and s["step_in_phase"] >= self.settle_steps + self.trial_steps:
+        elif s["phase"] == "trial" and \
+                s["step_in_phase"] >= self.settle_steps + self._trial_steps():
             self._end_trial(record.step, sync)
         elif s["phase"] == "run":
             reason = self._recheck_reason(s["step_in_phase"])
@@ -404,9 +404,6 @@ class Auto(Controller):
         stale = self._stale_candidate(queue, best)
         if stale is not None:
             queue.append(stale)
-        if "dense" not in s["table"] and s["current"] != "dense" and \
-                not self._cannot_win(self._dense_floor(), best):
-            queue.append("dense")       # its floor, which pruned it, may now win: measured
         s["round"] += 1
         s["queue"] = [k for k in self.method_texts if k in queue]
         self._advance(step)
@@ -437,12 +434,13 @@ class Auto(Controller):
         s = self._s
         best = self._best_score()
         for key in list(s["queue"]):
-            # Dense, the floor, is pruned by a measured bound only (see _dense_floor).
-            bound = self._dense_floor() if key == "dense" else self._predicted(key)
+            if key == "dense":
+                continue        # the floor: always measured (see _predicted, _trial_steps)
+            bound = self._predicted(key)
             if self._cannot_win(bound, best):
                 s["queue"].remove(key)
-                self._log(step, "pruned", key, reason=f"{self._bound_name(key)} step time "
-                          f">= {bound:.4g}s cannot beat the best measured score")
+                self._log(step, "pruned", key, reason=f"predicted step time >= {bound:.4g}s "
+                          "cannot beat the best measured score")
         ready = [k for k in s["queue"] if self._ready(k)]
         if ready:
             key = min(ready, key=self._predicted)
@@ -463,22 +461,28 @@ class Auto(Controller):
         return bound > 0 and best > 0 and (1 + self.tolerance) / bound < best
 
     def _dense_floor(self) -> float:
-        """A lower bound of dense's step time from a measurement, not a prediction: fp16's
-        measured step less its packing (the casts), or 0 before fp16 was measured. Dense
-        runs the same local work and the same collectives with twice fp16's bytes, and a
-        collective takes no less time for more bytes, on a link or on loopback (Gloo's
-        fp16 sums are no faster than its fp32 ones on a CPU: 22.8 vs 25.0 ms for 10M
-        values here). Its trial is skipped only where this bound cannot beat the best
-        measured score: on a slow link, where that trial is the dearest of all (5 steps
-        at 3.5 s on the LSTM at 100 Mbit/s, against 0.2 s for the chosen method)."""
+        """Dense's step time as fp16's measured step less its packing (the casts), or 0
+        before fp16 was measured: dense runs the same local work and the same collectives
+        with twice fp16's bytes. Where the link bounds the step that is a lower bound; where
+        the CPU sums the values it may not be (fp16 sums can be slower per value), so it
+        only shortens dense's trial (``_trial_steps``): on the LSTM at 100 Mbit/s that
+        trial took 5 steps of 3.5 s, against 0.2 s for the chosen method."""
         e = self._s["table"].get("fp16")
         if e is None or e["t"] is None:
             return 0.0
         return max(e["t"] - (e.get("t_pack") or 0.0), 0.0)
 
-    @staticmethod
-    def _bound_name(key: str) -> str:
-        return "fp16's measured (less its packing): dense's" if key == "dense" else "predicted"
+    def _trial_steps(self) -> int:
+        """Measured steps of the current trial: ``trial_steps``, or one for a dense trial
+        whose floor (``_dense_floor``) cannot beat the best score of the other methods. One
+        measured step confirms it with dense's own time (fp16's collectives may be slower
+        per value than fp32's: Horovod sums fp16 on the CPU at 0.57 against 1.87 Gbit/s for
+        fp32 on a host's fast link, docs/SCALING.md), and a slow link pays one step of it,
+        not ``trial_steps``. Read from the agreed table: the same on every rank."""
+        if self._s["current"] != "dense":
+            return self.trial_steps
+        others = max((self._score(k) for k in self._s["table"] if k != "dense"), default=0.0)
+        return 1 if self._cannot_win(self._dense_floor(), others) else self.trial_steps
 
     def _ready(self, key: str) -> bool:
         """A level is tried after the levels that keep more (a lower CF, a higher rank)
@@ -557,7 +561,7 @@ class Auto(Controller):
         local time), scaling fp16's wait up to dense's bytes priced dense above its real
         step: on loopback it pruned dense, the fastest method there, and the choice ran
         at 0.3x dense. So dense, the floor every choice is measured against, is never
-        pruned by it, only by ``_dense_floor``, a measured bound."""
+        pruned by it: one trial, shortened where fp16's measured step rules it out."""
         seen = [(k, e) for k, e in self._s["table"].items()
                 if e["t"] is not None and e["t_comm"] is not None]
         rates = [e["t_comm"] / self.wire_bytes(k) for k, e in seen
