@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -34,12 +35,13 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 import result_set  # noqa: E402
 from end_to_end import WORKLOADS  # noqa: E402
 
+from gravac.engine.options import GravacOptions  # noqa: E402
 from gravac.train.config import load_config  # noqa: E402
 from gravac.train.tasks import build_task  # noqa: E402
 from gravac.util import sizes  # noqa: E402
 
-#: Layers below this many elements go dense, as ``options.min_compress_numel``'s default.
-MIN_COMPRESS_NUMEL = 1024
+#: Layers below this many elements go dense: the engine's default.
+MIN_COMPRESS_NUMEL = GravacOptions().min_compress_numel
 VALUE_BYTES, INDEX_BYTES = 4, 4
 
 
@@ -51,7 +53,7 @@ class TopK:
         return True
 
     def sent_bytes(self, shape) -> int:
-        return (VALUE_BYTES + INDEX_BYTES) * sizes.num_kept(_numel(shape), self.cf)
+        return (VALUE_BYTES + INDEX_BYTES) * sizes.num_kept(math.prod(shape), self.cf)
 
     def __call__(self, name: str, g: torch.Tensor) -> torch.Tensor:
         flat = g.reshape(-1)
@@ -89,13 +91,6 @@ def parse_method(text: str):
     if kind == "powersgd":
         return PowerSGD(int(level))
     raise SystemExit(f"--methods {text!r}: write sparse:CF or powersgd:RANK")
-
-
-def _numel(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= int(d)
-    return n
 
 
 def measure(workload: str, steps: int, measure_steps: int, methods: list[str]) -> dict:
