@@ -26,9 +26,12 @@ How it explores, cheaply:
   first (dense when fp16 is not a candidate): it calibrates the link at half dense's
   bytes. Dense, the floor every choice is measured against, always runs a trial: where
   latency or the CPU dominates the waits (loopback, few cores) the bound is no lower
-  bound, and it once priced dense out where dense was the fastest. Where fp16's measured
-  step, less its casts, cannot beat the other methods' best score, dense's trial measures
-  one step after settling instead of ``trial_steps``: on a slow link it is the dearest.
+  bound, and it once priced dense out where dense was the fastest.
+* **Probes.** Two trials measure one step (a probe) instead of ``trial_steps``: the
+  calibration, and dense's where fp16's measured step, less its casts, cannot beat the
+  other methods' best score (without settling). On a slow link they are the dearest
+  steps. Before the choice, a probed method that could still win (its step time divided
+  by ``PROBE_NOISE``, the noise of one step, could beat the best score) runs a full trial.
 * **Re-checked.** After ``recheck_every`` steps of the chosen method, its entry is
   replaced by what those steps measured, and the methods whose score was within
   ``recheck_within`` of the best run a trial again, with the next sparse CF when the
@@ -76,6 +79,11 @@ DEFAULT_METHODS = ("dense", "fp16", "powersgd:1", "powersgd:4",
                    *(f"sparse:{cf:g}" for cf in build_ladder(10, 1000, "exponential")))
 #: Bytes of one value on the wire as the prediction counts them (fp32 gradients).
 VALUE_BYTES = 4
+#: How much slower than its trial's median one measured step may be: a probe's method is
+#: confirmed by a full trial unless it could not win even this much faster. Measured: the
+#: calibration's first measured step took up to 1.38x its trial's median (the LSTM at
+#: 1 Gbit/s, second step of training), a dense step after other methods 0.96-1.12x.
+PROBE_NOISE = 1.5
 
 
 class Auto(Controller):
@@ -223,14 +231,14 @@ class Auto(Controller):
         s["step_in_phase"] += 1
         pending, s["pending"] = s["pending"], None
         measured = record.sent in (SENT_MIN, SENT_DENSE) and record.t_iter is not None
-        if measured and (s["phase"] == "run" or s["step_in_phase"] > self.settle_steps):
+        settle, length = self._trial_length() if s["phase"] == "trial" else (0, 0)
+        if measured and s["step_in_phase"] > settle:
             gain_min, gain_c = pending if pending is not None else (1.0, None)
             s["samples"].append([record.t_iter, gain_min, gain_c, record.extra.get("t_comm"),
                                  record.extra.get("t_pack")])
         if s.pop("abandon", False):
             self._end_trial(record.step, sync, abandoned=True)
-        elif s["phase"] == "trial" and \
-                s["step_in_phase"] >= self.settle_steps + self._trial_steps():
+        elif s["phase"] == "trial" and s["step_in_phase"] >= settle + length:
             self._end_trial(record.step, sync)
         elif s["phase"] == "run":
             reason = self._recheck_reason(s["step_in_phase"])
@@ -315,6 +323,8 @@ class Auto(Controller):
         entry = self._summarise() if sync.rank == 0 else None
         if entry is not None and gains is not None:
             entry.update(gains)
+        if entry is not None and self._s["phase"] == "trial" and self._probing():
+            entry["probe"] = True
         if entry is not None and self._s["phase"] == "run" and \
                 not self._method(self._s["current"]).dense:
             # A run's gain: what it sends at as it ends (recent, else the smoothed one).
@@ -435,7 +445,7 @@ class Auto(Controller):
         best = self._best_score()
         for key in list(s["queue"]):
             if key == "dense":
-                continue        # the floor: always measured (see _predicted, _trial_steps)
+                continue        # the floor: always measured (see _predicted, _trial_length)
             bound = self._predicted(key)
             if self._cannot_win(bound, best):
                 s["queue"].remove(key)
@@ -446,6 +456,10 @@ class Auto(Controller):
             key = min(ready, key=self._predicted)
             s["queue"].remove(key)
             self._switch(key, "trial")
+            return
+        probe = self._probe_to_confirm()
+        if probe is not None:
+            self._switch(probe, "trial", confirming=True)
             return
         # Dense is always eligible once measured; a run whose every dense step was
         # skipped (NaN/Inf) has nothing measured: dense, until the re-check.
@@ -465,24 +479,51 @@ class Auto(Controller):
         before fp16 was measured: dense runs the same local work and the same collectives
         with twice fp16's bytes. Where the link bounds the step that is a lower bound; where
         the CPU sums the values it may not be (fp16 sums can be slower per value), so it
-        only shortens dense's trial (``_trial_steps``): on the LSTM at 100 Mbit/s that
+        only shortens dense's trial (``_trial_length``): on the LSTM at 100 Mbit/s that
         trial took 5 steps of 3.5 s, against 0.2 s for the chosen method."""
         e = self._s["table"].get("fp16")
         if e is None or e["t"] is None:
             return 0.0
         return max(e["t"] - (e.get("t_pack") or 0.0), 0.0)
 
-    def _trial_steps(self) -> int:
-        """Measured steps of the current trial: ``trial_steps``, or one for a dense trial
-        whose floor (``_dense_floor``) cannot beat the best score of the other methods. One
-        measured step confirms it with dense's own time (fp16's collectives may be slower
-        per value than fp32's: Horovod sums fp16 on the CPU at 0.57 against 1.87 Gbit/s for
-        fp32 on a host's fast link, docs/SCALING.md), and a slow link pays one step of it,
-        not ``trial_steps``. Read from the agreed table: the same on every rank."""
-        if self._s["current"] != "dense":
-            return self.trial_steps
-        others = max((self._score(k) for k in self._s["table"] if k != "dense"), default=0.0)
-        return 1 if self._cannot_win(self._dense_floor(), others) else self.trial_steps
+    def _trial_length(self) -> tuple[int, int]:
+        """(settling, measured) steps of the current trial: ``settle_steps`` and
+        ``trial_steps``, or a probe's one measured step.
+
+        Two trials are probes: the run's first (the calibration: nothing is measured yet
+        to say whether its method could win, and on a slow link it is among the dearest:
+        fp16 at 1.77 s a step on the LSTM at 100 Mbit/s, against 0.17 s for the method
+        chosen), and dense's where its floor (``_dense_floor``) cannot beat the best score
+        of the other methods. Dense's probe does not settle: its first step after other
+        methods measured 0.96-1.12x the median of its trial's later steps (the LSTM,
+        ResNet-18 and wide CNN cells' trials). A probe that may still win is run again in
+        full before the choice (``_probe_to_confirm``). Read from the agreed table and
+        step counts: the same on every rank."""
+        s = self._s
+        full = (self.settle_steps, self.trial_steps)
+        if s.get("confirming"):
+            return full
+        if not s["table"]:
+            return self.settle_steps, 1
+        if s["current"] == "dense":
+            others = max((self._score(k) for k in s["table"] if k != "dense"), default=0.0)
+            if self._cannot_win(self._dense_floor(), others):
+                return 0, 1
+        return full
+
+    def _probing(self) -> bool:
+        return self._trial_length() != (self.settle_steps, self.trial_steps)
+
+    def _probe_to_confirm(self) -> str | None:
+        """The method measured by a probe (``_trial_length``) that may still win, or None:
+        the one of the best score among those whose probed step time, divided by
+        ``PROBE_NOISE``, could beat the best score (with ``tolerance``). One step is
+        noisier than a trial's median, so a probe rules its method out only by a margin;
+        its confirmation, a full trial, replaces the probe's entry."""
+        s, best = self._s, self._best_score()
+        probed = [k for k, e in s["table"].items() if e.get("probe") and self._eligible(k)
+                  and not self._cannot_win(e["t"] / PROBE_NOISE, best)]
+        return max(probed, key=self._score, default=None)
 
     def _ready(self, key: str) -> bool:
         """A level is tried after the levels that keep more (a lower CF, a higher rank)
@@ -497,7 +538,7 @@ class Auto(Controller):
             return True
         return all(c.key in table or c.key not in queue for c in safer)
 
-    def _switch(self, key: str, phase: str) -> None:
+    def _switch(self, key: str, phase: str, confirming: bool = False) -> None:
         """Make ``key`` the current method, for a trial or a run. A run's smoothed gains
         start from its table entry (the mean over the steps that chose it), not from its
         first step alone: at GraVAC's alpha (N/100) one first gain below ε would send
@@ -508,7 +549,8 @@ class Auto(Controller):
         entry = s["table"].get(key)
         if phase == "run" and entry is not None and not self._method(key).dense:
             s["delta"], s["delta_c"] = entry["gain"], entry.get("gain_next")
-        s.update(phase=phase, current=key, step_in_phase=0, samples=[], trial_gains=[])
+        s.update(phase=phase, current=key, step_in_phase=0, samples=[], trial_gains=[],
+                 confirming=confirming)
 
     def _prune_by_gain(self, step: int) -> None:
         """Gains only fall with a higher CF or a lower rank: a gain below ε rules out every

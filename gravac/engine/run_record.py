@@ -124,12 +124,13 @@ KINDS: Mapping[str, RecordKind] = MappingProxyType({k.name: k for k in (
                        table=CF_TABLE)),
     # Auto's events (gravac/controllers/auto.py ``decisions``): "measured" (a trial's or
     # a run's table entry: median step time t, its waits t_comm, the mean gain and the
-    # next CF's gain_next over steps), "abandoned" (a trial ended early: its gain so far
-    # far below ε; the reason and its steps), "pruned" (with the reason), "chosen" (score
-    # = gain / t, and every measured method's score). Several may share a step.
+    # next CF's gain_next over steps; probe: measured by a one-step probe), "abandoned"
+    # (a trial ended early: its gain so far far below ε; the reason and its steps),
+    # "pruned" (with the reason), "chosen" (score = gain / t, and every measured method's
+    # score). Several may share a step.
     _kind(METHOD, dict(time=NUMBER, step=STEP_INDEX, event=TEXT, method=TEXT, reason=TEXT,
                        t=NUMBER, t_comm=NUMBER, t_pack=NUMBER, gain=NUMBER,
-                       gain_next=NUMBER, steps=INT,
+                       gain_next=NUMBER, steps=INT, probe=FLAG,
                        score=NUMBER, round=INT, scores=ANY)),
     _kind(NONFINITE, dict(step=STEP_INDEX, time=NUMBER, ranks=ANY)),
     _kind(ELASTIC_RESET, dict(step=STEP_INDEX, time=NUMBER, world_size=INT,

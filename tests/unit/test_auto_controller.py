@@ -72,28 +72,49 @@ def test_bad_options_name_the_option(kw, match):
 
 def test_fp16_first_then_each_family_from_its_safe_end_and_gains_prune_what_keeps_less():
     auto = _auto(world=2)
-    times = {"dense": 1.0, "fp16": 0.8, "powersgd:4": 0.5, "powersgd:1": 0.4,
+    times = {"dense": 2.0, "fp16": 1.2, "powersgd:4": 0.5, "powersgd:1": 0.4,
              "sparse:10": 0.6, "sparse:20": 0.55, "sparse:40": 0.5, "sparse:160": 0.45,
              "sparse:1000": 0.4}
     gains = {"powersgd:4": 0.4, "sparse:10": 0.9, "sparse:20": 0.8}
     nexts = {"sparse:10": 0.8, "sparse:20": 0.45}      # sparse:40's gain, seen from sparse:20
     ran = _drive(auto, 14, times.get, lambda k: gains.get(k, 0.0), nexts.get)
-    trials = [ran[i] for i in range(0, len(ran), 3)]
-    assert trials[0] == "fp16" == auto.calibration      # it calibrates the link
+    # fp16 calibrates the link, probed: one step after settling.
+    assert ran[:2] == ["fp16"] * 2 and auto.calibration == "fp16"
+    assert auto.table["fp16"]["steps"] == 1 and auto.table["fp16"]["probe"]
     assert "powersgd:1" not in ran       # rank 4 below ε: rank 1 keeps less
     assert "sparse:40" not in ran and "sparse:160" not in ran and "sparse:1000" not in ran
     assert ran.index("sparse:10") < ran.index("sparse:20")          # the ladder is climbed
     pruned = {d["method"]: d["reason"] for d in auto.decisions if d["event"] == "pruned"}
     assert set(pruned) == {"powersgd:1", "sparse:40", "sparse:160", "sparse:1000"}
-    # Scores gain / t: fp16 1.25, sparse:10 1.5, sparse:20 0.8/0.55 = 1.45. Dense, the
-    # floor, is never pruned; fp16's measured 0.8 s says it cannot win ((1 + 0.1) / 0.8 =
-    # 1.375 < 1.5), so its trial measures one step after settling, not two.
-    assert ran[-4:-2] == ["dense"] * 2 and ran.count("dense") == 2
-    assert auto.table["dense"]["steps"] == 1 and auto.table["dense"]["t"] == 1.0
+    # Scores gain / t: fp16 0.83, sparse:10 1.5, sparse:20 0.8/0.55 = 1.45. Dense, the
+    # floor, is never pruned; fp16's measured 1.2 s says it cannot win ((1 + 0.1) / 1.2 <
+    # 1.5), so dense is probed too: one step, without settling. Neither probe could win
+    # at 1.5x its speed ((1 + 0.1) x 1.5 / 1.2 = 1.375 < 1.5): no full trial follows.
+    assert ran[9:] == ["dense"] + ["sparse:10"] * 4 and ran.count("dense") == 1
+    assert auto.table["dense"]["steps"] == 1 and auto.table["dense"]["t"] == 2.0
     chosen = [d for d in auto.decisions if d["event"] == "chosen"]
     assert chosen[0]["method"] == "sparse:10" == auto.current and auto.phase == "run"
     assert chosen[0]["scores"]["powersgd:4"] == 0.0             # ineligible: gain < ε
     assert chosen[0]["score"] == pytest.approx(0.9 / 0.6)
+
+
+@pytest.mark.parametrize("t_fp16, confirmed", [(0.9, True), (1.2, False)])
+def test_a_probe_that_could_win_runs_a_full_trial_before_the_choice(t_fp16, confirmed):
+    """fp16's calibration probe measures one step. sparse:10 then scores 0.9 / 0.5 = 1.8.
+    At 0.9 s fp16 could win were its one step 1.5x slow (1.1 x 1.5 / 0.9 = 1.83): it runs a
+    full trial (settling, then trial_steps), whose entry replaces the probe's, before the
+    choice. At 1.2 s (1.375) it cannot, and sparse:10 is chosen at once."""
+    auto = _auto(world=2, methods=["dense", "fp16", "sparse:10"])
+    times = {"dense": 3.0, "fp16": t_fp16, "sparse:10": 0.5}
+    ran = _drive(auto, 2 + 3 + 1 + 3 + 1, times.get, lambda k: 0.9)
+    assert ran[:6] == ["fp16"] * 2 + ["sparse:10"] * 3 + ["dense"]
+    assert ran[6:9] == (["fp16"] * 3 if confirmed else ["sparse:10"] * 3)
+    assert auto.table["fp16"]["steps"] == (2 if confirmed else 1)
+    assert auto.table["fp16"].get("probe", False) == (not confirmed)
+    assert auto.table["dense"]["probe"] and auto.table["dense"]["steps"] == 1
+    chosen = [d for d in auto.decisions if d["event"] == "chosen"]
+    assert [d["method"] for d in chosen] == ["sparse:10"]
+    assert chosen[0]["step"] == (8 if confirmed else 5)
 
 
 def test_the_chosen_method_falls_back_to_dense_per_step_when_its_smoothed_gain_drops():
@@ -113,7 +134,7 @@ def test_a_trial_sends_its_method_in_every_step_whatever_its_smoothed_gain():
     auto = _auto(methods=["dense", "powersgd:4"], alpha=0.02, trial_steps=3)
     gains = iter([0.45, 0.7, 0.7, 0.7])        # powersgd:4's trial: mean over measured 0.7
     sent = []
-    for step in range(8):
+    for step in range(6):       # dense's calibration probe (2 steps), powersgd:4's trial
         plan = auto.plan(step)
         key = plan.method.key
         if plan.needs_gains:
@@ -134,11 +155,11 @@ def test_a_run_starts_its_smoothed_gain_from_the_gain_that_chose_it():
     its first step held below ε. The candidate gain starts from the trial's too."""
     auto = _auto(methods=["dense", "sparse:10", "sparse:20"], alpha=0.02)
     gains = iter([0.45, 0.8, 0.8])
-    _drive(auto, 6, {"dense": 1.0, "sparse:10": 0.5, "sparse:20": 0.4}.get,
+    _drive(auto, 5, {"dense": 2.0, "sparse:10": 0.5, "sparse:20": 0.4}.get,
            lambda k: next(gains), {"sparse:10": 0.3}.get)
     assert auto.current == "sparse:10" and auto.phase == "run"
     assert auto.table["sparse:10"]["gain"] == pytest.approx(0.8)
-    auto.plan(6)
+    auto.plan(5)
     assert auto.decide(0.45, 0.2) == SENT_MIN
     assert auto.summary()["delta_min"] == pytest.approx(0.98 * 0.8 + 0.02 * 0.45)
     assert auto.summary()["delta_c"] == pytest.approx(0.98 * 0.3 + 0.02 * 0.2)
@@ -147,9 +168,9 @@ def test_a_run_starts_its_smoothed_gain_from_the_gain_that_chose_it():
 def test_a_chosen_method_whose_smoothed_gain_falls_below_epsilon_is_rechecked_at_once():
     auto = _auto(methods=["dense", "sparse:10"], alpha=0.5, recheck_every=1000)
     gains = iter([0.9] * 3 + [0.3] * 20)          # the trial, then the run's gains fall
-    ran = _drive(auto, 12, {"dense": 1.0, "sparse:10": 0.5}.get, lambda k: next(gains))
-    assert ran[6:12] == ["sparse:10"] * 3 + ["dense"] * 3   # ran 3 steps, re-checked
-    assert ran[:6] == ["dense"] * 3 + ["sparse:10"] * 3
+    ran = _drive(auto, 11, {"dense": 1.0, "sparse:10": 0.5}.get, lambda k: next(gains))
+    assert ran[5:11] == ["sparse:10"] * 3 + ["dense"] * 3   # ran 3 steps, re-checked
+    assert ran[:5] == ["dense"] * 2 + ["sparse:10"] * 3    # dense's calibration: a probe
     run = [d for d in auto.decisions if d["event"] == "measured" and d["method"] == "sparse:10"][-1]
     assert run["method"] == "sparse:10" and run["gain"] < auto.epsilon
     assert run["step"] < 3 + 3 + 1000                     # not after recheck_every steps
@@ -196,17 +217,18 @@ def test_wire_bytes_follow_the_size_arithmetic():
 
 
 def test_recheck_measures_the_run_and_tries_the_close_methods_again():
-    """A fast link (waits 5% of a step): dense's bound may win, so it runs after fp16
-    calibrated the link (the sparse CF, predicted faster, first)."""
+    """A fast link (waits 5% of a step): dense's bound may win, so it runs a full trial
+    after fp16's probe calibrated the link (the sparse CF, predicted faster, first); fp16,
+    the best, then runs its full trial before the choice."""
     auto = _auto(world=2, methods=["dense", "fp16", "sparse:10"], recheck_every=4)
     times = {"dense": 1.0, "fp16": 0.9, "sparse:10": 2.0}
-    ran = _drive(auto, 9 + 4 + 3, times.get, lambda k: 0.9, comm=0.05)
-    assert ran[:9] == ["fp16"] * 3 + ["sparse:10"] * 3 + ["dense"] * 3
-    assert ran[9:13] == ["fp16"] * 4                     # the choice runs
+    ran = _drive(auto, 11 + 4 + 3, times.get, lambda k: 0.9, comm=0.05)
+    assert ran[:11] == ["fp16"] * 2 + ["sparse:10"] * 3 + ["dense"] * 3 + ["fp16"] * 3
+    assert ran[11:15] == ["fp16"] * 4                     # the choice runs
     # The re-check: dense is within 15% of fp16's score, sparse:10 (score 0.45) is not.
-    assert ran[13:16] == ["dense"] * 3
+    assert ran[15:18] == ["dense"] * 3
     measured = [d["method"] for d in auto.decisions if d["event"] == "measured"]
-    assert measured == ["fp16", "sparse:10", "dense", "fp16", "dense"]
+    assert measured == ["fp16", "sparse:10", "dense", "fp16", "fp16", "dense"]
 
 
 @pytest.mark.parametrize("t_pack", [0.0, 0.15])
@@ -218,13 +240,13 @@ def test_the_bound_leaves_out_the_packing_and_never_prunes_the_floor(t_pack):
     auto = _auto(world=2, methods=["dense", "fp16"], tolerance=0.0)
     ran = []
     for step in range(6):
-        if step == 3:        # fp16's trial measured: dense's bound
+        if step == 2:        # fp16's probe measured: dense's bound
             assert auto._predicted("dense") == pytest.approx(1.0 - 0.05 - t_pack + 0.1)
         ran.append(auto.plan(step).method.key)
         auto.end_step(StepRecord(step=step, sent=SENT_MIN, cf=1.0, gain=1.0, t_iter=1.0,
                                  samples=32, extra={"t_comm": 0.05, "t_pack": t_pack}),
                       LocalSync())
-    assert ran == ["fp16"] * 3 + ["dense"] * 3
+    assert ran == ["fp16"] * 2 + ["dense"] * 3 + ["fp16"]    # then fp16's full trial
     assert not [d for d in auto.decisions if d["event"] == "pruned"]
 
 
@@ -232,26 +254,29 @@ def test_dense_runs_where_fp16s_step_is_no_slower_than_the_best_and_its_predicti
     """Loopback-like: every step CPU-bound, waits 90% of it. fp16's waits scaled to dense's
     bytes predict dense at 0.05 + 2 x 0.495 = 1.04 s, which could not beat sparse:10's
     score (0.9 / 0.5 = 1.8); but fp16's measured 0.55 s, the floor's bound, could
-    ((1 + 0.1) / 0.55 = 2.0): dense runs, and wins."""
+    ((1 + 0.1) / 0.55 = 2.0): dense runs, and wins (after fp16's probe, close to dense's
+    score, ran its full trial)."""
     auto = _auto(world=2, methods=["dense", "fp16", "sparse:10"])
     times = {"dense": 0.45, "fp16": 0.55, "sparse:10": 0.5}
-    ran = _drive(auto, 6, times.get, lambda k: 0.9, comm=0.9)
+    ran = _drive(auto, 5, times.get, lambda k: 0.9, comm=0.9)
     assert auto._predicted("dense") == pytest.approx(0.05 + 2 * 0.495)
-    ran += _drive(auto, 3 + 2, times.get, lambda k: 0.9, comm=0.9)
-    assert ran[:9] == ["fp16"] * 3 + ["sparse:10"] * 3 + ["dense"] * 3
+    ran += _drive(auto, 3 + 3 + 1, times.get, lambda k: 0.9, comm=0.9)
+    assert ran == ["fp16"] * 2 + ["sparse:10"] * 3 + ["dense"] * 3 + ["fp16"] * 3 + ["dense"]
     assert auto.current == "dense" and auto.phase == "run"
 
 
-def test_a_dense_trial_that_fp16_rules_out_measures_one_step_and_dense_still_wins_if_fast():
+def test_a_dense_trial_that_fp16_rules_out_is_a_probe_and_dense_still_wins_if_fast():
     """fp16 measured 0.8 s (its sums slower per value than fp32's, as Horovod's on a fast
     link): its floor says dense cannot beat sparse:10 (0.9 / 0.3 s = 3 > 1.1 / 0.8), so
-    dense's trial is one step after settling; that step takes 0.25 s (score 4): dense
-    wins."""
+    dense is probed: one step, without settling. That step takes 0.25 s (score 4): dense
+    may win, so it runs a full trial before the choice, and wins."""
     auto = _auto(world=2, methods=["dense", "fp16", "sparse:10"])
-    ran = _drive(auto, 3 + 3 + 2 + 2, {"dense": 0.25, "fp16": 0.8, "sparse:10": 0.3}.get,
+    ran = _drive(auto, 2 + 3 + 1 + 3 + 1, {"dense": 0.25, "fp16": 0.8, "sparse:10": 0.3}.get,
                  lambda k: 0.9)
-    assert ran == ["fp16"] * 3 + ["sparse:10"] * 3 + ["dense"] * 4
-    assert auto.table["dense"]["steps"] == 1
+    assert ran == ["fp16"] * 2 + ["sparse:10"] * 3 + ["dense"] + ["dense"] * 3 + ["dense"]
+    probe = [d for d in auto.decisions if d["method"] == "dense" and d.get("probe")]
+    assert [(d["step"], d["steps"]) for d in probe] == [(5, 1)]
+    assert auto.table["dense"]["steps"] == 2 and "probe" not in auto.table["dense"]
     assert auto.current == "dense" and auto.phase == "run"
     assert not [d for d in auto.decisions if d["event"] == "pruned"]
 
@@ -275,11 +300,11 @@ def test_the_ladder_is_climbed_when_the_next_cfs_gain_clears_epsilon_during_the_
     candidate gain is 0.8: sparse:20 runs a trial at once and, faster, is chosen."""
     auto = _auto(methods=["dense", "sparse:10", "sparse:20"], alpha=1.0, recheck_every=1000)
     nexts = iter([0.3] * 3 + [0.8] * 100)
-    ran = _drive(auto, 15, {"dense": 1.0, "sparse:10": 0.5, "sparse:20": 0.4}.get,
+    ran = _drive(auto, 14, {"dense": 1.0, "sparse:10": 0.5, "sparse:20": 0.4}.get,
                  lambda k: 0.9, lambda k: next(nexts) if k == "sparse:10" else None)
-    assert ran[:6] == ["dense"] * 3 + ["sparse:10"] * 3
+    assert ran[:5] == ["dense"] * 2 + ["sparse:10"] * 3
     assert [d["method"] for d in auto.decisions if d["event"] == "pruned"] == ["sparse:20"]
-    assert ran[6:9] == ["sparse:10"] * 3 and ran[9:12] == ["sparse:20"] * 3
+    assert ran[5:8] == ["sparse:10"] * 3 and ran[8:11] == ["sparse:20"] * 3
     assert auto.current == "sparse:20" and auto.phase == "run"
 
 
@@ -293,14 +318,14 @@ def test_a_chosen_method_whose_recent_gain_drifts_below_its_measured_gain_is_rec
     phase_gains = {"powersgd:4": iter([0.9] * 3 + [0.7] * 100),
                    "sparse:10": iter([0.8] * 3 + [0.95] * 100)}
     ran = _drive(auto, 30, times.get, lambda k: next(phase_gains[k]))
-    assert ran[:9] == ["dense"] * 3 + ["powersgd:4"] * 3 + ["sparse:10"] * 3
+    assert ran[:8] == ["dense"] * 2 + ["powersgd:4"] * 3 + ["sparse:10"] * 3
     chosen = [d["method"] for d in auto.decisions if d["event"] == "chosen"]
     assert chosen == ["powersgd:4", "sparse:10"]
     run = [d for d in auto.decisions if d["event"] == "measured" and d.get("reason")]
     assert len(run) == 1 and run[0]["method"] == "powersgd:4"
     assert run[0]["gain"] == pytest.approx(0.7)          # what it sends at now, not the EWMA
     assert "recheck_within" in run[0]["reason"]
-    assert run[0]["step"] == 9 + 2 * 2 - 1                 # after 2 x trial_steps of the run
+    assert run[0]["step"] == 8 + 2 * 2 - 1                 # after 2 x trial_steps of the run
     assert auto.current == "sparse:10" and auto.phase == "run"
 
 
@@ -314,8 +339,9 @@ def test_a_stale_entry_that_could_win_at_a_higher_gain_is_measured_again():
     gains = {"powersgd:4": iter([0.9] * 3 + [0.6] * 100),
              "sparse:10": iter([0.65] * 3 + [0.95] * 100)}
     ran = _drive(auto, 30, times.get, lambda k: next(gains[k]))
-    assert ran[:12] == ["fp16"] * 3 + ["dense"] * 3 + ["powersgd:4"] * 3 + ["sparse:10"] * 3
-    assert ran[16:22] == ["fp16"] * 3 + ["sparse:10"] * 3     # the re-check's two trials
+    assert ran[:11] == ["fp16"] * 2 + ["dense"] * 3 + ["powersgd:4"] * 3 + ["sparse:10"] * 3
+    assert ran[11:14] == ["fp16"] * 3             # fp16's probe may win: its full trial
+    assert ran[18:24] == ["fp16"] * 3 + ["sparse:10"] * 3     # the re-check's two trials
     chosen = [d["method"] for d in auto.decisions if d["event"] == "chosen"]
     assert chosen == ["powersgd:4", "sparse:10"]
     assert auto.table["sparse:10"]["gain"] == pytest.approx(0.95)
@@ -349,14 +375,14 @@ def test_a_trial_whose_gain_so_far_is_far_below_epsilon_ends_at_that_step():
     ruled out); Top-k 10x's gains 0.6, 0.3, 0.3 end its trial at the third of its four
     steps (mean 0.4; sparse:20 ruled out). Their entries hold that mean and the median
     time of their measured steps (none for rank 4's one settling step); dense, the only
-    eligible method, is chosen."""
+    eligible method, runs its full trial after its calibration probe, and is chosen."""
     auto = _auto(methods=["dense", "powersgd:4", "powersgd:1", "sparse:10", "sparse:20"],
                  trial_steps=3)
     times = {"dense": 1.0, "powersgd:4": 0.2, "powersgd:1": 0.1, "sparse:10": 0.3,
              "sparse:20": 0.25}
     gains = {"powersgd:4": iter([0.4] * 10), "sparse:10": iter([0.6, 0.3, 0.3, 0.9])}
     ran, sent = [], []
-    for step in range(11):
+    for step in range(12):
         plan = auto.plan(step)
         key = plan.method.key
         ran.append(key)
@@ -364,11 +390,13 @@ def test_a_trial_whose_gain_so_far_is_far_below_epsilon_ends_at_that_step():
         sent.append(decision)
         auto.end_step(StepRecord(step=step, sent=decision, cf=1.0, gain=1.0, t_iter=times[key],
                                  samples=32, extra={"t_comm": 0.5 * times[key]}), LocalSync())
-    assert ran == ["dense"] * 4 + ["powersgd:4"] + ["sparse:10"] * 3 + ["dense"] * 3
-    assert sent[4:8] == [SENT_MIN] * 4
+    assert ran == ["dense"] * 2 + ["powersgd:4"] + ["sparse:10"] * 3 + ["dense"] * 6
+    assert sent[2:6] == [SENT_MIN] * 4
     abandoned = [(d["step"], d["method"], d["steps"]) for d in auto.decisions
                  if d["event"] == "abandoned"]
-    assert abandoned == [(4, "powersgd:4", 1), (7, "sparse:10", 3)]
+    assert abandoned == [(2, "powersgd:4", 1), (5, "sparse:10", 3)]
+    chosen = [(d["step"], d["method"]) for d in auto.decisions if d["event"] == "chosen"]
+    assert chosen == [(9, "dense")]
     pruned = {d["method"] for d in auto.decisions if d["event"] == "pruned"}
     assert pruned == {"powersgd:1", "sparse:20"}
     table = auto.table
@@ -390,15 +418,15 @@ def test_a_climb_whose_cf_measured_below_its_candidate_gain_needs_that_much_more
     times = {"dense": 1.0, "powersgd:4": 0.2, "sparse:10": 0.5, "sparse:20": 0.4}
     own = {"powersgd:4": 0.3, "sparse:10": 0.9, "sparse:20": 0.45}
     ran, gaps = [], []
-    for candidate, steps in ((0.3, 7), (0.6, 15), (0.7, 6)):
+    for candidate, steps in ((0.3, 6), (0.6, 15), (0.7, 6)):
         ran += _drive(auto, steps, times.get, own.get,
                       lambda k, c=candidate: c if k == "sparse:10" else None)
         gaps.append(dict(auto._s.get("climb_gap", {})))
-    assert ran[:7] == ["dense"] * 3 + ["powersgd:4"] + ["sparse:10"] * 3
-    assert ran[7:22] == ["sparse:10"] * 3 + ["sparse:20"] * 3 + ["sparse:10"] * 9
+    assert ran[:6] == ["dense"] * 2 + ["powersgd:4"] + ["sparse:10"] * 3
+    assert ran[6:21] == ["sparse:10"] * 3 + ["sparse:20"] * 3 + ["sparse:10"] * 9
     assert gaps[1] == {"sparse:20": pytest.approx(0.15)}
     # The candidate gain's first step at 0.7 starts the climb; the trial measures the gap
     # again (0.7 - 0.45).
-    assert ran[22:] == ["sparse:10"] + ["sparse:20"] * 3 + ["sparse:10"] * 2
+    assert ran[21:] == ["sparse:10"] + ["sparse:20"] * 3 + ["sparse:10"] * 2
     assert gaps[2] == {"sparse:20": pytest.approx(0.25)}
     assert ran.count("powersgd:4") == 1
