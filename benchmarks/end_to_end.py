@@ -144,6 +144,10 @@ METHODS: dict[str, tuple[str, list[str]]] = {
     # choice per layer group would send dense there.
     "gravac_auto_small_layers_dense": ("auto.yaml", ["compression.auto.recheck_every=100",
                                                      "compression.min_compress_numel=16384"]),
+    # The same with split methods (compression.auto.split_layers): a Top-k CF below ε may
+    # run with its low-gain layers dense where the others' gain clears ε.
+    "gravac_auto_split": ("auto.yaml", ["compression.auto.recheck_every=100",
+                                        "compression.auto.split_layers=true"]),
     # The same without overlap (auto.yaml overlaps the steps of dense, fp16 and sparse).
     "gravac_auto_no_overlap": ("auto.yaml", ["compression.auto.recheck_every=100",
                                              "compression.overlap=false"]),

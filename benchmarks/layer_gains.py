@@ -35,6 +35,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 import result_set  # noqa: E402
 from end_to_end import WORKLOADS  # noqa: E402
 
+from gravac.controllers.split import LayerGain, compressed_layers, measured_gain  # noqa: E402
 from gravac.engine.options import GravacOptions  # noqa: E402
 from gravac.train.config import load_config  # noqa: E402
 from gravac.train.tasks import build_task  # noqa: E402
@@ -149,35 +150,23 @@ def _per_layer(compress, layers, kept, total) -> list[dict]:
 
 def best_split(rows: list[dict], epsilon: float) -> dict:
     """The layers to compress for the fewest bytes while the gain GraVAC measures, over the
-    compressed layers only (Σ kept / Σ g_ef energy of those layers), stays >= ε; the
-    others go dense. Every layer whose own gain is at least ε is compressed (it adds to
-    the slack Σ (gain - ε) x energy); then the others, in decreasing order of bytes saved
-    per unit of slack they use, while the slack stays >= 0. Also the gain counted over the
-    whole model, dense layers at 1: what a criterion over every parameter would read."""
+    compressed layers only, stays >= ε (``gravac.controllers.split``, what ``controller:
+    auto`` with ``split_layers`` runs); the others go dense. Also the gain counted over
+    the whole model, dense layers at 1: what a criterion over every parameter would read."""
     dense = sum(VALUE_BYTES * r["numel"] for r in rows)
-    low = [r for r in rows if r["compressed"] and VALUE_BYTES * r["numel"] > r["sent_bytes"]]
-
-    def measured(layers):
-        energy = sum(r["energy_share"] for r in layers)
-        return sum(r["gain"] * r["energy_share"] for r in layers) / energy if energy else None
-
-    def saved_per_slack(r):
-        used = (epsilon - r["gain"]) * r["energy_share"]
-        return (VALUE_BYTES * r["numel"] - r["sent_bytes"]) / used if used > 0 else float("inf")
-    chosen = [r for r in low if r["gain"] >= epsilon]
-    slack = sum((r["gain"] - epsilon) * r["energy_share"] for r in chosen)
-    for r in sorted((r for r in low if r["gain"] < epsilon), key=saved_per_slack, reverse=True):
-        used = (epsilon - r["gain"]) * r["energy_share"]
-        if slack - used >= 0:
-            slack -= used
-            chosen.append(r)
-    names = {r["layer"] for r in chosen}
+    gains = [LayerGain(r["layer"], r["gain"], r["energy_share"],
+                       VALUE_BYTES * r["numel"] - r["sent_bytes"] if r["compressed"] else 0)
+             for r in rows]
+    low = [g.name for g in gains if g.saved > 0]
+    names = set(compressed_layers(gains, epsilon))
+    chosen = [r for r in rows if r["layer"] in names]
     split_bytes = sum(r["sent_bytes"] if r["layer"] in names else VALUE_BYTES * r["numel"]
                       for r in rows)
-    return {"whole_gain": measured(low), "whole_bytes_vs_dense": sum(
-                r["sent_bytes"] if r in low else VALUE_BYTES * r["numel"] for r in rows) / dense,
-            "split_layers": [r["layer"] for r in rows if r["layer"] in names],
-            "split_gain": measured(chosen),
+    return {"whole_gain": measured_gain(gains, low), "whole_bytes_vs_dense": sum(
+                r["sent_bytes"] if r["layer"] in low else VALUE_BYTES * r["numel"]
+                for r in rows) / dense,
+            "split_layers": [r["layer"] for r in chosen],
+            "split_gain": measured_gain(gains, names),
             "split_model_gain": 1 - sum((1 - r["gain"]) * r["energy_share"] for r in chosen),
             "split_bytes_vs_dense": split_bytes / dense}
 

@@ -45,6 +45,15 @@ How it explores, cheaply:
   score at a gain of 1 and whose last gain was within ``recheck_within`` of ε, the one
   measured longest ago: gains change during training.
 
+* **Split layers** (``split_layers``, off by default). A sparse CF's steps also agree
+  their gains per layer (the same allreduce, three values a layer). When a sparse trial or
+  run ends and its CF's, or its next CF's, gain over every layer is below ε, the layers
+  of low gain may go dense instead: the split keeps compressed the layers that send the
+  fewest bytes while their gain, as the engine measures it (over the compressed layers),
+  clears ε (``split.py``). It becomes a method of its own, ``<cf>/split`` (e.g.
+  ``sparse:40/split``), queued and pruned by its predicted time like any other, and its
+  trial measures its time and gain.
+
 Per step, a chosen compressed method whose smoothed gain (EWMA with ``alpha``, started
 from the gain that chose it) falls below ε sends dense (GraVAC's fallback); its residual
 stays in error feedback. A trial sends its method in every step: it measures that method's
@@ -72,6 +81,7 @@ from .base import SENT_DENSE, SENT_MIN, Controller, StepPlan, StepRecord, Sync
 from .gravac import default_alpha
 from .ladder import build_ladder
 from .methods import Method
+from .split import LayerGain, compressed_layers, measured_gain
 
 #: The candidates of ``Auto()``: both dense wires, PowerSGD at ranks 1 and 4 (DDP's hook's
 #: usual ranks), the sparsifier at GraVAC's exponential ladder from 10 to 1000.
@@ -84,6 +94,8 @@ VALUE_BYTES = 4
 #: calibration's first measured step took up to 1.38x its trial's median (the LSTM at
 #: 1 Gbit/s, second step of training), a dense step after other methods 0.96-1.12x.
 PROBE_NOISE = 1.5
+#: A split method's key: its sparse CF's, then this (``split_layers``).
+SPLIT = "/split"
 
 
 class Auto(Controller):
@@ -104,12 +116,15 @@ class Auto(Controller):
         tolerance: a candidate is run unless its predicted best score is below the best
             measured one by more than this fraction (>= 0; the prediction is a bound).
         alpha: EWMA weight of the per-step gain in (0, 1]; default clamp(N/100, 0.01, 1).
+        split_layers: a sparse CF whose gain is below ε may run with its layers of low
+            gain sent dense, where the gain over the layers it still compresses clears ε
+            (a split method, e.g. ``sparse:40/split``; docs/ALGORITHM.md §15).
     """
 
     def __init__(self, methods: list[str] | None = None, epsilon: float = 0.7,
                  trial_steps: int = 4, settle_steps: int = 1, recheck_every: int = 300,
                  recheck_within: float = 0.15, tolerance: float = 0.1,
-                 alpha: float | None = None):
+                 alpha: float | None = None, split_layers: bool = False):
         def bad(name, value, allowed):
             return ValueError(f"Auto({name}={value!r}): {allowed}")
         texts = list(DEFAULT_METHODS if methods is None else methods)
@@ -136,10 +151,13 @@ class Auto(Controller):
                 raise bad(name, value, "must be a number >= 0")
         if alpha is not None and not 0 < alpha <= 1:
             raise bad("alpha", alpha, "must be in (0, 1] or None")
+        if not isinstance(split_layers, bool):
+            raise bad("split_layers", split_layers, "must be true or false")
         self.method_texts = [m.key for m in parsed]
         self.epsilon, self.trial_steps, self.settle_steps = epsilon, trial_steps, settle_steps
         self.recheck_every, self.recheck_within = recheck_every, recheck_within
         self.tolerance, self.alpha_option = tolerance, alpha
+        self.split_layers = split_layers
         self.candidates: list[Method] = parsed
         self._by_key = {m.key: m for m in parsed}
         self._layers: list[str] = []
@@ -181,10 +199,19 @@ class Auto(Controller):
                 "queue": [m.key for m in self.candidates if m.key != first],
                 "samples": [], "trial_gains": [], "pending": None, "delta": None,
                 "delta_c": None, "table": {}, "measured_at": {},
-                "decisions": []}
+                "splits": {}, "layer_energy": {}, "decisions": []}
 
     def _method(self, key: str) -> Method:
-        return self._by_key[key]
+        """The method of ``key`` (a split method's: its sparse CF's)."""
+        return self._by_key[key[:-len(SPLIT)] if key.endswith(SPLIT) else key]
+
+    def _dense_layers(self, key: str) -> list[str]:
+        """The compressed layers a split method sends dense (none for other methods)."""
+        return self._s.get("splits", {}).get(key, []) if key.endswith(SPLIT) else []
+
+    def _keys(self) -> list[str]:
+        """Every method's key in a fixed order: the candidates', then the splits'."""
+        return [*self.method_texts, *sorted(self._s.get("splits", {}))]
 
     # -- per step -------------------------------------------------------------------------
     def plan(self, step: int) -> StepPlan:
@@ -194,8 +221,22 @@ class Auto(Controller):
         if m.kind == "powersgd":
             return StepPlan(theta_min=1.0, layer_rank=dict.fromkeys(self._layers, m.rank),
                             needs_gains=True, method=m)
+        dense = self._dense_layers(self._s["current"])
+        if dense:
+            return StepPlan(theta_min=m.level, layer_cf=dict.fromkeys(dense, 1.0),
+                            needs_gains=True, method=m, method_name=self._s["current"])
         return StepPlan(theta_min=m.level, theta_c=self._next_cf(m), needs_gains=True,
-                        method=m)
+                        method=m, layer_gains=self.split_layers and
+                        m.exchange_for(self._world, self._exchange) != "hierarchical")
+
+    def observe_layer_gains(self, rows: Mapping[str, tuple[float, float, float]]) -> None:
+        """Sums the agreed per-layer energies over the phase's steps: what a split is
+        chosen from when the phase ends (``_propose_splits``)."""
+        energy = self._s.setdefault("layer_energy", {})
+        for name, row in rows.items():
+            acc = energy.setdefault(name, [0.0, 0.0, 0.0])
+            for i in range(3):
+                acc[i] += row[i]
 
     def _next_cf(self, m: Method) -> float | None:
         """The next larger CF among the sparse candidates (its gain is measured for free)."""
@@ -289,8 +330,9 @@ class Auto(Controller):
 
     def _next_cf_key(self) -> str | None:
         """The chosen sparse method's next CF, when it is a candidate."""
-        m = self._method(self._s["current"])
-        nxt = self._next_cf(m) if m.kind == "sparse" else None
+        key = self._s["current"]
+        m = self._method(key)
+        nxt = self._next_cf(m) if m.kind == "sparse" and not key.endswith(SPLIT) else None
         key = None if nxt is None else Method("sparse", nxt, m.exchange).key
         return key if key in self.method_texts else None
 
@@ -386,6 +428,7 @@ class Auto(Controller):
             if climb[1] is not None:
                 gap = climb[1] - s["table"][climb[0]]["gain"]
                 s.setdefault("climb_gap", {})[climb[0]] = max(gap, 0.0)
+        self._propose_splits(step)
         self._prune_by_gain(step)
         self._advance(step)
 
@@ -415,7 +458,9 @@ class Auto(Controller):
         if stale is not None:
             queue.append(stale)
         s["round"] += 1
-        s["queue"] = [k for k in self.method_texts if k in queue]
+        self._propose_splits(step)
+        queue += [k for k in s["queue"] if k not in queue]      # splits just proposed
+        s["queue"] = [k for k in self._keys() if k in queue]
         self._advance(step)
 
     def _stale_candidate(self, queue: list[str], best: float) -> str | None:
@@ -435,7 +480,8 @@ class Auto(Controller):
                  if k != s["current"] and k not in queue and not self._method(k).dense
                  and e["t"] is not None and e["t"] > 0 and 1.0 / e["t"] > best
                  and e["gain"] >= near]
-        return min(stale, key=lambda k: (at.get(k, -1), self.method_texts.index(k)),
+        keys = self._keys()
+        return min(stale, key=lambda k: (at.get(k, -1), keys.index(k)),
                    default=None)
 
     def _advance(self, step: int) -> None:
@@ -530,6 +576,8 @@ class Auto(Controller):
         were measured (or left the queue, pruned): their gains bound its gain, so a family
         is climbed from its safe end, as GraVAC climbs its ladder."""
         m, table, queue = self._method(key), self._s["table"], self._s["queue"]
+        if key.endswith(SPLIT):
+            return True         # proposed by its CF's own measurement (_propose_splits)
         if m.kind == "sparse":
             safer = [c for c in self.candidates if c.kind == "sparse" and c.level < m.level]
         elif m.kind == "powersgd":
@@ -550,7 +598,7 @@ class Auto(Controller):
         if phase == "run" and entry is not None and not self._method(key).dense:
             s["delta"], s["delta_c"] = entry["gain"], entry.get("gain_next")
         s.update(phase=phase, current=key, step_in_phase=0, samples=[], trial_gains=[],
-                 confirming=confirming)
+                 confirming=confirming, layer_energy={})
 
     def _prune_by_gain(self, step: int) -> None:
         """Gains only fall with a higher CF or a lower rank: a gain below ε rules out every
@@ -559,6 +607,8 @@ class Auto(Controller):
         key = s["current"]
         m, entry = self._method(key), s["table"][key]
         out = []
+        if key.endswith(SPLIT):
+            return          # its gain is over the layers it compresses: no bound on others
         if m.kind == "sparse":
             cap = m.level if entry["gain"] < self.epsilon else None
             nxt = self._next_cf(m)
@@ -567,7 +617,7 @@ class Auto(Controller):
                 cap = nxt
             if cap is not None:
                 out = [k for k in s["queue"] if self._method(k).kind == "sparse"
-                       and self._method(k).level >= cap]
+                       and self._method(k).level >= cap and not k.endswith(SPLIT)]
         elif m.kind == "powersgd" and entry["gain"] < self.epsilon:
             out = [k for k in s["queue"] if self._method(k).kind == "powersgd"
                    and self._method(k).level <= m.level]
@@ -575,6 +625,48 @@ class Auto(Controller):
             s["queue"].remove(k)
             self._log(step, "pruned", k, reason=f"gain below epsilon={self.epsilon:g} "
                       f"(measured with {key})")
+
+    def _propose_splits(self, step: int) -> None:
+        """With ``split_layers``, at the end of a sparse CF's trial or run: for that CF and
+        its next (the second pass's energies), when the gain over every layer is below ε,
+        the split (``gravac.controllers.split``): the layers to keep compressed for the
+        fewest bytes while their gain, as the engine measures it, clears ε, the others
+        dense. It is queued as a method of its own (``<cf>/split``) unless its table
+        entry measured that same split; pruned by its predicted time like any other. From
+        the agreed per-layer energies: the same on every rank."""
+        s = self._s
+        key, energy = s["current"], s.get("layer_energy") or {}
+        m = self._method(key)
+        if not self.split_layers or m.kind != "sparse" or key.endswith(SPLIT) or not energy:
+            return
+        for level, column in ((m.level, 0), (self._next_cf(m), 1)):
+            whole = None if level is None else Method("sparse", level, m.exchange).key
+            if whole not in self._by_key:
+                continue
+            gains = [LayerGain(name, e[column] / e[2] if e[2] > 0 else 1.0, e[2],
+                               self._saved_bytes(whole, name)) for name, e in energy.items()]
+            gain = measured_gain(gains, energy)
+            if gain is None or gain >= self.epsilon:
+                continue
+            keep = compressed_layers(gains, self.epsilon)
+            dense = sorted(set(energy) - set(keep))
+            split = whole + SPLIT
+            if not keep or not dense or (s["splits"].get(split) == dense
+                                         and split in s["table"]):
+                continue
+            s.setdefault("splits", {})[split] = dense
+            s["table"].pop(split, None)
+            if split not in s["queue"]:
+                s["queue"].append(split)
+            self._log(step, "split", split, dense_layers=dense,
+                      gain=measured_gain(gains, keep),
+                      reason=f"{whole}'s gain {gain:.3g} is below epsilon={self.epsilon:g} "
+                             f"(measured with {key})")
+
+    def _saved_bytes(self, key: str, name: str) -> float:
+        """The link bytes of a step of ``key`` that compressing layer ``name`` saves."""
+        return self._wire_bytes(self._method(key), {name}) - \
+            self._wire_bytes(self._method(key), set())
 
     # -- the table ------------------------------------------------------------------------
     def _eligible(self, key: str) -> bool:
@@ -616,19 +708,26 @@ class Auto(Controller):
     def wire_bytes(self, key: str) -> float:
         """Bytes through the slowest link of a ring for one step of ``key`` (Gloo's ring
         allreduce and allgather; latency left out: a lower bound)."""
-        m, n = self._method(key), self._world
+        return self._wire_bytes(self._method(key), set(self._dense_layers(key)))
+
+    def _wire_bytes(self, m: Method, dense_layers: set) -> float:
+        """``wire_bytes`` of method ``m`` with the compressed layers ``dense_layers`` sent
+        dense beside the layers the engine never compresses."""
+        n = self._world
 
         def allreduce(nbytes):
             return sizes.collective_terms("allreduce", nbytes, n)[1]
-        numels = [_numel(s) for s in self._shapes.values()]
-        other = VALUE_BYTES * self._other_numel
+        shapes = {k: v for k, v in self._shapes.items() if k not in dense_layers}
+        numels = [_numel(s) for s in shapes.values()]
+        other_numel = self._other_numel + sum(_numel(self._shapes[k]) for k in dense_layers)
+        other = VALUE_BYTES * other_numel
         if m.kind == "dense":
             return allreduce(VALUE_BYTES * sum(numels) + other)
         if m.kind == "fp16":
-            return allreduce(2 * sum(numels) + 2 * self._other_numel)
+            return allreduce(2 * sum(numels) + 2 * other_numel)
         if m.kind == "powersgd":
             factors, dense = 0, other
-            for shape in self._shapes.values():
+            for shape in shapes.values():
                 rows, cols = sizes.matrix_shape(shape)
                 r = min(m.rank, rows, cols)
                 if sizes.compression_factor(rows, cols, r) > 1:
@@ -685,7 +784,9 @@ class Auto(Controller):
                 "epsilon": self.epsilon, "trial_steps": self.trial_steps,
                 "settle_steps": self.settle_steps, "recheck_every": self.recheck_every,
                 "recheck_within": self.recheck_within, "tolerance": self.tolerance,
-                "alpha": self.alpha_option}
+                "alpha": self.alpha_option,
+                # (Only when on: checkpoints written before the option still load.)
+                **({"split_layers": True} if self.split_layers else {})}
 
     def __repr__(self) -> str:
         return f"Auto(methods={self.method_texts})"

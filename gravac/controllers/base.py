@@ -65,6 +65,12 @@ class StepPlan:
     gain_measure: how gains are measured (``GAIN_MEASURES``): ``"energy"``,
         Σ‖g_c‖² / Σ‖g_ef‖² (the paper's Algorithm 1), or ``"norm"``, Σ‖g_c‖ / Σ‖g‖ over
         layers with the raw gradient g (no residual) below (the authors' public code).
+    layer_gains: the gains are agreed per layer as well (the same allreduce, a row per
+        compressed layer) and handed to ``Controller.observe_layer_gains`` before
+        ``decide`` (Auto's ``split_layers``). Needs an exchange in which every rank
+        selects every compressed layer (not ``hierarchical``).
+    method_name: the name step records give the method (None: ``method.key``): Auto's
+        split methods, ``<cf>/split``.
     """
 
     theta_min: float
@@ -75,6 +81,8 @@ class StepPlan:
     gain_measure: str = "energy"
     decided: str | None = None
     method: Method | None = None
+    layer_gains: bool = False
+    method_name: str | None = None
 
     def cf_of(self, name: str) -> float:
         if self.layer_cf is not None and name in self.layer_cf:
@@ -138,6 +146,12 @@ class Controller(ABC):
 
     def observe_gradients(self, grads: Mapping[str, torch.Tensor]) -> None:
         """Local gradients of the compressed layers (only when ``wants_gradients``)."""
+
+    def observe_layer_gains(self, rows: Mapping[str, tuple[float, float, float]]) -> None:
+        """Per compressed layer, summed over ranks: (kept energy at θmin, at θc (θmin's
+        without a candidate), g_ef's energy; norms under ``gain_measure="norm"``), of a
+        step whose plan set ``layer_gains`` and that no NaN/Inf skipped; called before
+        ``decide``."""
 
     def on_lr_decay(self) -> None:
         """The learning rate of some param group went down this step."""

@@ -82,7 +82,8 @@ class StepStats:
     t_wait_exchange: float | None = None
     nonfinite_ranks: list[int] = field(default_factory=list)
     layer_cf: dict[str, float] | None = None
-    #: The method the step ran (``Method.key``: controller Auto), None: the configured one.
+    #: The method the step ran (``StepPlan.method_name`` or ``Method.key``: controller
+    #: Auto), None: the configured one.
     method: str | None = None
 
     def __post_init__(self):

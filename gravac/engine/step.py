@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
@@ -53,6 +54,16 @@ from .options import GravacOptions
 from .phases import PhaseClock, discarded_time
 from .record import SENT_SKIPPED, StepStats
 from .selection import flagged_ranks, nonfinite_flag
+
+
+class AgreedGains(NamedTuple):
+    """``StepEngine.agree_gain_rows``: the gains of both levels, the ranks that had a
+    NaN/Inf, and the per-layer rows summed over ranks (None unless asked for)."""
+
+    gain_min: float
+    gain_c: float
+    bad_ranks: list
+    layers: dict | None = None
 
 
 @dataclass
@@ -77,6 +88,7 @@ class _Step:
     next_bucket: int = 0
     pendings: list = field(default_factory=list)
     rows: list = field(default_factory=list)           # gain rows, one per selection
+    row_names: list = field(default_factory=list)      # their layers (plan.layer_gains)
     held: list = field(default_factory=list)           # selections waiting for the decision
     held_dense: list = field(default_factory=list)     # dense layers waiting (hold_all)
     sent: list = field(default_factory=list)           # SentLayer of what left compressed
@@ -254,6 +266,10 @@ class StepEngine:
             self.controller.on_lr_decay()
         plan = self.controller.plan(step)
         self.exchange = self._exchange_for(plan.method)
+        if plan.layer_gains and not self.exchange.selects_every_layer:
+            # (The plan is the same on every rank: every rank raises here.)
+            raise RuntimeError(f"a plan asked for per-layer gains over the {self.exchange.kind} "
+                               "exchange, whose ranks select different layers")
         planned = {}
         for layer in self.layers:
             if layer.compressible:
@@ -427,6 +443,8 @@ class StepEngine:
         if plan.needs_gains:
             # Measured now, before the residual update reuses g_ef's buffer.
             state.rows.extend(exchange.gain_rows(selections, plan.gain_measure))
+            if plan.layer_gains:
+                state.row_names.extend(s.layer.name for s in selections)
             clock.lap("t_norms")
         if state.hold_all:
             state.held.extend(selections)
@@ -522,12 +540,15 @@ class StepEngine:
         flags = None
         sent = state.level
         if plan.needs_gains:
-            gain_min, gain_c, bad_ranks = self.agree_gain_rows(
-                state.rows, clock, None if state.flags_agreed else state.local_bad)
+            gain_min, gain_c, bad_ranks, layer_rows = self.agree_gain_rows(
+                state.rows, clock, None if state.flags_agreed else state.local_bad,
+                names=state.row_names if plan.layer_gains else None)
             state.flags_agreed = True
             if not bad_ranks:
                 if not state.all_candidate:
                     gain_c = None
+                if layer_rows is not None:
+                    self.controller.observe_layer_gains(layer_rows)
                 sent = self._decide(gain_min, gain_c, state)
                 clock.lap("t_control")
         if not bad_ranks and (state.held or state.held_dense):
@@ -630,7 +651,7 @@ class StepEngine:
             t_compute=t_compute, t_compress=clock.local(), t_comm=clock.waits(),
             t_discarded=discarded_time(clock.times, went_dense, bool(state.planned)),
             **clock.times, layer_cf=layer_cf,
-            method=None if plan.method is None else plan.method.key)
+            method=None if plan.method is None else plan.method_name or plan.method.key)
 
     def end_step(self, stats: StepStats, samples: float | None) -> None:
         """Tell the controller how the step went (every rank, same order); fills the
@@ -651,14 +672,17 @@ class StepEngine:
 
     # -- agreement ------------------------------------------------------------------------
     def agree_gain_rows(self, rows: list[torch.Tensor], clock: PhaseClock | None = None,
-                        local_bad: bool | torch.Tensor | None = None):
+                        local_bad: bool | torch.Tensor | None = None,
+                        names: list[str] | None = None) -> AgreedGains:
         """Whole-model compression gains of both levels from per-layer rows (``gain_row``,
         or [layers, 3] tables of them: ``gain_rows`` on a GPU), summed over ranks with one
-        tiny allreduce: (gain_min, gain_c, ranks with a NaN/Inf
-        gradient). ``"energy"`` rows give Σ‖g_min‖²/Σ‖g_ef‖² and Σ‖g_c‖²/Σ‖g_ef‖²
+        tiny allreduce: (gain_min, gain_c, ranks with a NaN/Inf gradient, per-layer rows).
+        ``"energy"`` rows give Σ‖g_min‖²/Σ‖g_ef‖² and Σ‖g_c‖²/Σ‖g_ef‖²
         (Algorithm 1); ``"norm"`` rows Σ‖g_min‖/Σ‖g‖ and Σ‖g_c‖/Σ‖g‖ with the raw gradient g,
         as in the authors' code (it may exceed 1). ``local_bad`` (this rank's NaN/Inf flag,
-        None when already agreed) rides in the same allreduce.
+        None when already agreed) rides in the same allreduce. ``names`` (the rows' layers,
+        the same on every rank): the rows travel per layer instead of summed (3 values a
+        layer), and their sums over ranks come back by name (``StepPlan.layer_gains``).
 
         The rows are summed on the gradients' device, the flags appended there, and the
         lot moved to the host at once: one device sync per step for the gains and the
@@ -669,11 +693,14 @@ class StepEngine:
             rows = [r.reshape(-1, 3) for r in rows]
             if any(r.device != device for r in rows):
                 rows = [r.to(device) for r in rows]
-            sums = torch.cat(rows).double().sum(0)
+            table = torch.cat(rows).double()
         else:
             device = local_bad.device if isinstance(local_bad, torch.Tensor) \
                 else torch.device("cpu")
-            sums = torch.zeros(3, dtype=torch.float64, device=device)
+            table = torch.zeros(0, 3, dtype=torch.float64, device=device)
+        if names is not None and len(names) != table.shape[0]:
+            raise RuntimeError(f"{len(names)} layer names for {table.shape[0]} gain rows")
+        sums = table.reshape(-1) if names is not None else table.sum(0)
         if local_bad is not None:
             sums = torch.cat([sums, self.flags(local_bad, device=device)])
         sums = sums.cpu()
@@ -682,11 +709,17 @@ class StepEngine:
         sums = self.comm.allreduce(sums, op="sum", name=f"{self.prefix}.gains")
         if clock is not None:
             clock.lap("t_wait_gains", sync=True)
-        bad_ranks = flagged_ranks(sums[3:]) if local_bad is not None else []
+        width = 3 * len(names) if names is not None else 3
+        bad_ranks = flagged_ranks(sums[width:]) if local_bad is not None else []
+        layers = None
+        if names is not None:
+            agreed = sums[:width].reshape(-1, 3)
+            layers = {name: tuple(float(x) for x in row) for name, row in zip(names, agreed)}
+            sums = agreed.sum(0)
         total = float(sums[2])
         if bad_ranks or total <= 0.0:
-            return 1.0, 1.0, bad_ranks
-        return float(sums[0]) / total, float(sums[1]) / total, bad_ranks
+            return AgreedGains(1.0, 1.0, bad_ranks, layers)
+        return AgreedGains(float(sums[0]) / total, float(sums[1]) / total, bad_ranks, layers)
 
     def flags(self, local_bad: bool | torch.Tensor,
               device: torch.device | str | None = None) -> torch.Tensor:

@@ -101,7 +101,7 @@ def method_section(run: Run) -> list[str]:
     rows = [[str(e["step"]), e.get("event") or DASH, e.get("method") or DASH,
              _num(None if e.get("t") is None else 1000 * e["t"], ".1f"),
              _num(e.get("gain"), ".3f"), _num(e.get("gain_next"), ".3f"),
-             _num(e.get("score"), ".4g"), e.get("reason") or ""]
+             _num(e.get("score"), ".4g"), _why(e)]
             for e in run.method_events]
     lines = [f"### {run.label}", ""] + _table(
         ["After step", "Event", "Method", "Step ms", "Gain", "Next CF's gain", "Score",
@@ -110,6 +110,14 @@ def method_section(run: Run) -> list[str]:
     if cost is not None:
         lines += [exploration_line(cost), ""]
     return lines
+
+
+def _why(event: dict) -> str:
+    """An event's reason, and the layers a split method sends dense."""
+    why = event.get("reason") or ""
+    if event.get("dense_layers"):
+        why += f"; sent dense: {', '.join(event['dense_layers'])}"
+    return why
 
 
 def exploration_line(cost: Exploration) -> str:

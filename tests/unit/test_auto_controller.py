@@ -430,3 +430,102 @@ def test_a_climb_whose_cf_measured_below_its_candidate_gain_needs_that_much_more
     assert ran[21:] == ["sparse:10"] + ["sparse:20"] * 3 + ["sparse:10"] * 2
     assert gaps[2] == {"sparse:20": pytest.approx(0.25)}
     assert ran.count("powersgd:4") == 1
+
+
+def _drive_rows(auto: Auto, steps: int, time_of, rows_of, comm: float = 0.05):
+    """Scripted steps as the engine runs them with per-layer gains: ``rows_of(cf)`` gives
+    each layer's agreed (kept energy at that CF, g_ef's energy); the gains are over the
+    layers the plan compresses, the candidate's at ``plan.theta_c``; ``comm`` of each
+    step's time is waits."""
+    ran = []
+    for step in range(steps):
+        plan = auto.plan(step)
+        key = auto.current
+        ran.append(key)
+        sent = SENT_MIN
+        if plan.needs_gains:
+            compressed = [n for n in SHAPES if plan.cf_of(n) > 1]
+            at_min, at_c = rows_of(plan.theta_min), rows_of(plan.theta_c or plan.theta_min)
+            if plan.layer_gains:
+                auto.observe_layer_gains({n: (at_min[n][0], at_c[n][0], at_min[n][1])
+                                          for n in compressed})
+            total = sum(at_min[n][1] for n in compressed)
+            sent = auto.decide(sum(at_min[n][0] for n in compressed) / total,
+                               sum(at_c[n][0] for n in compressed) / total
+                               if plan.theta_c else None)
+        auto.end_step(StepRecord(step=step, sent=sent, cf=1.0, gain=1.0, t_iter=time_of(key),
+                                 samples=32, extra={"t_comm": comm * time_of(key)}), LocalSync())
+    return ran
+
+
+def test_a_cf_whose_gain_is_below_epsilon_runs_split_with_its_low_gain_layers_dense():
+    """ε = 0.5, equal energies. Top-k 10x: embed keeps 0.9, fc 0.3 (0.6: eligible, 0.5 s).
+    Its second pass at 40x: embed 0.8, fc 0.1 (0.45: 40x is ruled out). Split at 40x:
+    embed alone clears ε (its slack 0.3 cannot carry fc's 0.4), so ``sparse:40/split``
+    sends fc dense. Its predicted bound (sparse:10's local time, plus fc's dense bytes and
+    embed's sparse ones at sparse:10's rate: 0.54 s) may win; its trial measures 0.8 at
+    0.6 s and it is chosen (1.33 > 1.2)."""
+    auto = _auto(world=2, methods=["dense", "sparse:10", "sparse:40"], split_layers=True)
+    kept = {10: {"embed": 0.9, "fc": 0.3}, 40: {"embed": 0.8, "fc": 0.1}}
+
+    def rows_of(cf):
+        return {n: (kept[int(cf)][n], 1.0) for n in SHAPES}
+    times = {"dense": 2.0, "sparse:10": 0.5, "sparse:40": 0.3, "sparse:40/split": 0.6}
+    ran = _drive_rows(auto, 2 + 3 + 3 + 1, times.get, rows_of)
+    assert ran[:8] == ["dense"] * 2 + ["sparse:10"] * 3 + ["sparse:40/split"] * 3
+    assert "sparse:40" not in ran
+    split = [d for d in auto.decisions if d["event"] == "split"]
+    assert [(d["step"], d["method"], d["dense_layers"]) for d in split] == \
+        [(4, "sparse:40/split", ["fc"])]
+    assert split[0]["gain"] == pytest.approx(0.8)
+    pruned = [d["method"] for d in auto.decisions if d["event"] == "pruned"]
+    assert pruned == ["sparse:40"]                          # by the candidate gain 0.45
+    plan = auto.plan(9)
+    assert plan.layer_cf == {"fc": 1.0} and plan.theta_min == 40 and plan.theta_c is None
+    assert plan.method_name == "sparse:40/split" and plan.method.key == "sparse:40"
+    assert auto.current == "sparse:40/split" and auto.phase == "run"
+    assert auto.table["sparse:40/split"]["gain"] == pytest.approx(0.8)
+
+
+def test_split_bytes_send_the_dense_layers_by_allreduce():
+    auto = _auto(world=2, methods=["dense", "sparse:40"], split_layers=True)
+    auto._s["splits"]["sparse:40/split"] = ["fc"]
+    ring = 2 * 1 / 2
+    fc, embed = 256 * 512, 1000 * 64
+    chunk = sizes.sparse_chunk_bytes([embed], [sizes.num_kept(embed, 40)])
+    assert auto.wire_bytes("sparse:40/split") == pytest.approx(
+        chunk + ring * 4 * (OTHER + fc))
+    assert auto.wire_bytes("sparse:40/split") > auto.wire_bytes("sparse:40")
+
+
+def test_no_split_without_the_option_or_where_every_layer_is_below_epsilon():
+    kept = {10: {"embed": 0.9, "fc": 0.3}, 40: {"embed": 0.4, "fc": 0.1}}
+
+    def rows_of(cf):
+        return {n: (kept[int(cf)][n], 1.0) for n in SHAPES}
+    times = {"dense": 2.0, "sparse:10": 0.5, "sparse:40": 0.3}
+    for split_layers in (False, True):
+        auto = _auto(world=2, methods=["dense", "sparse:10", "sparse:40"],
+                     split_layers=split_layers)
+        assert auto.plan(0).layer_gains is False                # dense: no gains at all
+        ran = _drive_rows(auto, 2 + 3 + 1, times.get, rows_of)
+        assert ran == ["dense"] * 2 + ["sparse:10"] * 4
+        assert not [d for d in auto.decisions if d["event"] == "split"]
+        assert auto.plan(6).layer_gains is split_layers
+    with pytest.raises(ValueError, match="split_layers"):
+        Auto(split_layers="yes")
+
+
+def test_split_state_resumes_exactly_and_old_checkpoints_still_load():
+    kept = {10: {"embed": 0.9, "fc": 0.3}, 40: {"embed": 0.8, "fc": 0.1}}
+
+    def rows_of(cf):
+        return {n: (kept[int(cf)][n], 1.0) for n in SHAPES}
+    times = {"dense": 2.0, "sparse:10": 0.5, "sparse:40/split": 0.3}.get
+    a = _auto(world=2, methods=["dense", "sparse:10", "sparse:40"], split_layers=True)
+    _drive_rows(a, 4, times, rows_of)                 # inside sparse:10's trial
+    b = _auto(world=2, methods=["dense", "sparse:10", "sparse:40"], split_layers=True)
+    b.load_state_dict(a.state_dict())
+    assert _drive_rows(a, 10, times, rows_of) == _drive_rows(b, 10, times, rows_of)
+    assert a.decisions == b.decisions
+    assert "split_layers" not in _auto().describe()       # off: the hyper of older states

@@ -69,7 +69,7 @@ def _forced_step(opt, ctrl, model, gen, key):
     with opt.skip_synchronize():
         opt.step()
     assert opt.last_stats.method == key
-    assert opt.last_stats.sent == ("dense" if Method.parse(key).dense else "min")
+    assert opt.last_stats.sent == ("dense" if Method.parse(key.split("/")[0]).dense else "min")
     return before, after, synced
 
 
@@ -187,3 +187,52 @@ def test_the_step_record_names_the_method():
     from gravac.engine.run_record import KINDS, METHOD, STEP, STEP_FIELDS
     assert "method" in STEP_FIELDS and KINDS[STEP].fields["method"] == "text"
     assert {"event", "method", "reason", "scores"} <= set(KINDS[METHOD].fields)
+
+
+def test_per_layer_gains_are_the_ranks_sums_and_a_split_sends_its_layers_dense():
+    """With split_layers a Top-k step agrees its gains per layer: each layer's row is the
+    sum over ranks of its kept energy and g_ef's (independent Top-k here), and the whole
+    gains are their ratio. A split method sends its dense layers as the exact average of
+    g_ef (no residual left), compresses the others, and its step record names it."""
+    def job(comm, overlap):
+        model = _model()
+        ctrl = Auto(recheck_every=1000, epsilon=1e-6, split_layers=True)
+        extra = {"overlap": True, "bucket_cap_mb": 0.005} if overlap else {}
+        opt = wrap_optimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                             model.named_parameters(), comm, compressor="topk",
+                             controller=ctrl, min_compress_numel=256, **extra)
+        seen = []
+        observe = ctrl.observe_layer_gains
+        ctrl.observe_layer_gains = lambda rows: (seen.append(dict(rows)), observe(rows))
+        gen = torch.Generator().manual_seed(comm.rank + 1)
+        before, _, _ = _forced_step(opt, ctrl, model, gen, "sparse:10")
+        whole = (opt.last_stats.gain_min, opt.last_stats.gain_c)
+        names = opt.compressed_layer_names
+        ctrl._s["splits"]["sparse:10/split"] = [names[0]]
+        split = _forced_step(opt, ctrl, model, gen, "sparse:10/split")
+        return before, seen, whole, split, opt.last_stats.layer_cf, names
+    for overlap in (False, True):
+        ranks = run_ranks(2, lambda comm: job(comm, overlap))
+        before = [r[0] for r in ranks]
+        seen, whole, _, layer_cf, names = ranks[0][1:]
+        assert len(seen) == 1 and seen == ranks[1][1]     # the split step asks for none
+        rows = seen[0]
+        assert set(rows) == set(names)           # (with overlap: in the buckets' order)
+        for n in names:
+            g = [b[n] for b in before]
+            kept = sum(float(x[x.abs().topk(-(-x.numel() // 10)).indices].square().sum())
+                       for x in g)
+            ef = sum(float(x.square().sum()) for x in g)
+            assert rows[n][0] == pytest.approx(kept, rel=1e-6)      # float32 norms
+            assert rows[n][2] == pytest.approx(ef, rel=1e-6)
+        assert whole[0] == pytest.approx(sum(r[0] for r in rows.values())
+                                         / sum(r[2] for r in rows.values()), rel=1e-12)
+        assert layer_cf == {names[0]: 1.0}
+        split_before = [r[3][0] for r in ranks]
+        for rank in ranks:
+            _, after, synced = rank[3]
+            dense = names[0]
+            mean = (split_before[0][dense] + split_before[1][dense]) / 2
+            assert torch.count_nonzero(after[dense]) == 0
+            torch.testing.assert_close(synced[dense], mean, rtol=0, atol=1e-7)
+            assert torch.count_nonzero(after[names[1]]) > 0        # compressed: residual

@@ -159,6 +159,9 @@ class Exchange:
     selectable = True
     #: Buckets may leave from backward's hooks (``overlap=True``).
     overlaps = False
+    #: Every rank selects every planned layer (``mine``), so per-layer gain rows line up
+    #: across ranks (``StepPlan.layer_gains``): not the hierarchical exchange's shards.
+    selects_every_layer = True
     #: Its collectives may be in flight beside the world's (the gains, the flags): not
     #: the hierarchical exchange, whose shard groups are Horovod process sets.
     world_beside = True

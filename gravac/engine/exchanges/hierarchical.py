@@ -62,6 +62,7 @@ class HierarchicalExchange(Exchange):
 
     kind = "hierarchical"
     world_beside = False
+    selects_every_layer = False
 
     def __init__(self, comm, prefix, dense_wire, compressor, host_of_rank=None):
         super().__init__(comm, prefix, dense_wire, compressor)
