@@ -90,7 +90,8 @@ def test_fp16_first_then_each_family_from_its_safe_end_and_gains_prune_what_keep
     # floor, is never pruned; fp16's measured 1.2 s says it cannot win ((1 + 0.1) / 1.2 <
     # 1.5), so dense is probed too: one step, without settling. Neither probe could win
     # at 1.5x its speed ((1 + 0.1) x 1.5 / 1.2 = 1.375 < 1.5): no full trial follows.
-    assert ran[9:] == ["dense"] + ["sparse:10"] * 4 and ran.count("dense") == 1
+    assert ran[2:4] == ["powersgd:4"] * 2           # abandoned after its measured step
+    assert ran[10:] == ["dense"] + ["sparse:10"] * 3 and ran.count("dense") == 1
     assert auto.table["dense"]["steps"] == 1 and auto.table["dense"]["t"] == 2.0
     chosen = [d for d in auto.decisions if d["event"] == "chosen"]
     assert chosen[0]["method"] == "sparse:10" == auto.current and auto.phase == "run"
@@ -353,7 +354,7 @@ def test_a_stale_entry_far_below_epsilon_is_not_measured_again(rank1_gain, retri
     measured below ε. At the re-check that PowerSGD rank 4's drift starts, rank 1 runs a
     trial again only if its gain was within recheck_within (15%) of ε = 0.5: a trial
     sends its method, so re-trying one far below ε sends steps at that gain. Far below,
-    its first trial ends after its first step, which goes dense."""
+    its first trial ends after its first measured step."""
     auto = _auto(methods=["dense", "fp16", "powersgd:1", "powersgd:4"], recheck_every=1000)
     times = {"dense": 1.0, "fp16": 0.3, "powersgd:1": 0.1, "powersgd:4": 0.2}
     gains = {"powersgd:4": iter([0.9] * 3 + [0.6] * 100),
@@ -365,24 +366,25 @@ def test_a_stale_entry_far_below_epsilon_is_not_measured_again(rank1_gain, retri
     assert rechecks and rechecks[0]["method"] == "powersgd:4"
     trials_after = ran[rechecks[0]["step"] + 1:]
     assert ("powersgd:1" in trials_after) == retried
-    assert ran.count("powersgd:1") == (3 * 2 if retried else 1)
+    assert ran.count("powersgd:1") == (3 * 2 if retried else 2)
 
 
 def test_a_trial_whose_gain_so_far_is_far_below_epsilon_ends_at_that_step():
-    """ε = 0.5, recheck_within 0.15: a trial ends at the step where the mean of its gains
-    so far (settling steps too) falls below 0.425; that step still goes out compressed.
-    PowerSGD rank 4's first gain, 0.4, ends its trial at once (rank 1, which keeps less, is
-    ruled out); Top-k 10x's gains 0.6, 0.3, 0.3 end its trial at the third of its four
-    steps (mean 0.4; sparse:20 ruled out). Their entries hold that mean and the median
-    time of their measured steps (none for rank 4's one settling step); dense, the only
-    eligible method, runs its full trial after its calibration probe, and is chosen."""
+    """ε = 0.5, recheck_within 0.15: a trial ends at the step where the mean of its
+    measured steps' gains so far falls below 0.425; that step still goes out compressed.
+    PowerSGD rank 4 (0.4) ends its trial at its first measured step (rank 1, which keeps
+    less, is ruled out). Top-k 10x's settling step keeps 0.3 (the residual of the method
+    before it), which does not count; its measured gains 0.5, 0.3 end its trial at the
+    second (mean 0.4; sparse:20 ruled out). Their entries hold that mean and the median
+    time of their measured steps; dense, the only eligible method, runs its full trial
+    after its calibration probe, and is chosen."""
     auto = _auto(methods=["dense", "powersgd:4", "powersgd:1", "sparse:10", "sparse:20"],
                  trial_steps=3)
     times = {"dense": 1.0, "powersgd:4": 0.2, "powersgd:1": 0.1, "sparse:10": 0.3,
              "sparse:20": 0.25}
-    gains = {"powersgd:4": iter([0.4] * 10), "sparse:10": iter([0.6, 0.3, 0.3, 0.9])}
+    gains = {"powersgd:4": iter([0.4] * 10), "sparse:10": iter([0.3, 0.5, 0.3, 0.9])}
     ran, sent = [], []
-    for step in range(12):
+    for step in range(13):
         plan = auto.plan(step)
         key = plan.method.key
         ran.append(key)
@@ -390,21 +392,33 @@ def test_a_trial_whose_gain_so_far_is_far_below_epsilon_ends_at_that_step():
         sent.append(decision)
         auto.end_step(StepRecord(step=step, sent=decision, cf=1.0, gain=1.0, t_iter=times[key],
                                  samples=32, extra={"t_comm": 0.5 * times[key]}), LocalSync())
-    assert ran == ["dense"] * 2 + ["powersgd:4"] + ["sparse:10"] * 3 + ["dense"] * 6
-    assert sent[2:6] == [SENT_MIN] * 4
+    assert ran == ["dense"] * 2 + ["powersgd:4"] * 2 + ["sparse:10"] * 3 + ["dense"] * 6
+    assert sent[2:7] == [SENT_MIN] * 5
     abandoned = [(d["step"], d["method"], d["steps"]) for d in auto.decisions
                  if d["event"] == "abandoned"]
-    assert abandoned == [(2, "powersgd:4", 1), (5, "sparse:10", 3)]
+    assert abandoned == [(3, "powersgd:4", 2), (6, "sparse:10", 3)]
     chosen = [(d["step"], d["method"]) for d in auto.decisions if d["event"] == "chosen"]
-    assert chosen == [(9, "dense")]
+    assert chosen == [(10, "dense")]
     pruned = {d["method"] for d in auto.decisions if d["event"] == "pruned"}
     assert pruned == {"powersgd:1", "sparse:20"}
     table = auto.table
-    assert table["powersgd:4"]["gain"] == pytest.approx(0.4) and table["powersgd:4"]["t"] is None
+    assert table["powersgd:4"]["gain"] == pytest.approx(0.4)
+    assert table["powersgd:4"]["t"] == pytest.approx(0.2)
     assert table["sparse:10"]["gain"] == pytest.approx(0.4)
     assert table["sparse:10"]["gain_next"] == pytest.approx(0.2)
     assert table["sparse:10"]["t"] == pytest.approx(0.3) and table["sparse:10"]["steps"] == 2
     assert auto.current == "dense" and auto.phase == "run"
+
+
+def test_a_settling_steps_low_gain_does_not_end_a_trial():
+    """Top-k 10x's first step after another method keeps 0.2 (far below ε = 0.5), then
+    0.9: it settles, is measured at 0.9 and chosen."""
+    auto = _auto(methods=["dense", "sparse:10"])
+    gains = iter([0.2, 0.9, 0.9, 0.9])
+    ran = _drive(auto, 2 + 3 + 1, {"dense": 2.0, "sparse:10": 0.5}.get, lambda k: next(gains))
+    assert ran == ["dense"] * 2 + ["sparse:10"] * 4
+    assert not [d for d in auto.decisions if d["event"] == "abandoned"]
+    assert auto.table["sparse:10"]["gain"] == pytest.approx(0.9)
 
 
 def test_a_climb_whose_cf_measured_below_its_candidate_gain_needs_that_much_more():
@@ -418,18 +432,18 @@ def test_a_climb_whose_cf_measured_below_its_candidate_gain_needs_that_much_more
     times = {"dense": 1.0, "powersgd:4": 0.2, "sparse:10": 0.5, "sparse:20": 0.4}
     own = {"powersgd:4": 0.3, "sparse:10": 0.9, "sparse:20": 0.45}
     ran, gaps = [], []
-    for candidate, steps in ((0.3, 6), (0.6, 15), (0.7, 6)):
+    for candidate, steps in ((0.3, 7), (0.6, 15), (0.7, 6)):
         ran += _drive(auto, steps, times.get, own.get,
                       lambda k, c=candidate: c if k == "sparse:10" else None)
         gaps.append(dict(auto._s.get("climb_gap", {})))
-    assert ran[:6] == ["dense"] * 2 + ["powersgd:4"] + ["sparse:10"] * 3
-    assert ran[6:21] == ["sparse:10"] * 3 + ["sparse:20"] * 3 + ["sparse:10"] * 9
+    assert ran[:7] == ["dense"] * 2 + ["powersgd:4"] * 2 + ["sparse:10"] * 3
+    assert ran[7:22] == ["sparse:10"] * 3 + ["sparse:20"] * 3 + ["sparse:10"] * 9
     assert gaps[1] == {"sparse:20": pytest.approx(0.15)}
     # The candidate gain's first step at 0.7 starts the climb; the trial measures the gap
     # again (0.7 - 0.45).
-    assert ran[21:] == ["sparse:10"] + ["sparse:20"] * 3 + ["sparse:10"] * 2
+    assert ran[22:] == ["sparse:10"] + ["sparse:20"] * 3 + ["sparse:10"] * 2
     assert gaps[2] == {"sparse:20": pytest.approx(0.25)}
-    assert ran.count("powersgd:4") == 1
+    assert ran.count("powersgd:4") == 2
 
 
 def _drive_rows(auto: Auto, steps: int, time_of, rows_of, comm: float = 0.05):
