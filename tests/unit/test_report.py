@@ -383,3 +383,15 @@ def test_exploration_is_the_trials_time_over_the_chosen_methods_median(tmp_path)
     text = (tmp_path / "report" / "report.md").read_text()
     assert "Exploration: 7 of 10 steps" in text and "+6.5% of the run's step time" in text
     assert exploration(load_run(dense_run(tmp_path / "dense"))) is None
+
+
+def test_a_split_method_event_names_the_layers_it_sends_dense(tmp_path):
+    records = [start("auto", "auto"), step(1, 1.0, 1.0, "min", 10.0, 1000.0)]
+    records[1].update(method="sparse:40/split")
+    records.append({"kind": "method", "step": 1, "time": 1.0, "event": "split",
+                    "method": "sparse:40/split", "dense_layers": ["rnn.weight_hh_l1"],
+                    "gain": 0.91, "reason": "sparse:40's gain 0.69 is below epsilon=0.7"})
+    build_report([write_run(tmp_path / "auto", records)], tmp_path / "report")
+    text = (tmp_path / "report" / "report.md").read_text()
+    assert ("| 1 | split | sparse:40/split | — | 0.910 | — | — | sparse:40's gain 0.69 is "
+            "below epsilon=0.7; sent dense: rnn.weight_hh_l1 |") in text
