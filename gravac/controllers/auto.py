@@ -502,7 +502,7 @@ class Auto(Controller):
         for key in list(s["queue"]):
             if key == "dense":
                 continue        # the floor: always measured (see _predicted, _trial_length)
-            bound = self._predicted(key)
+            bound = self._bound(key)
             if self._cannot_win(bound, best):
                 s["queue"].remove(key)
                 self._log(step, "pruned", key, reason=f"predicted step time >= {bound:.4g}s "
@@ -714,6 +714,17 @@ class Auto(Controller):
             return 0.0
         local = min(max(e["t"] - e["t_comm"] - (e.get("t_pack") or 0.0), 0.0) for _, e in seen)
         return local + self.wire_bytes(key) * min(rates)
+
+    def _bound(self, key: str) -> float:
+        """A lower bound of ``key``'s step time: the byte prediction (``_predicted``), or
+        its own measured step time divided by ``PROBE_NOISE`` where that is higher. With
+        overlap a step's waits hide part of the link's time, so the rates measured from
+        them, and the prediction, can be far too low: on the LSTM at 100 Mbit/s a re-check
+        ran fp16 (1.77 s a step) for a full trial after Top-k 10x had scored 1.01 a second,
+        which fp16's own step could not reach."""
+        entry = self._s["table"].get(key)
+        own = entry["t"] / PROBE_NOISE if entry is not None and entry.get("t") else 0.0
+        return max(self._predicted(key), own)
 
     def wire_bytes(self, key: str) -> float:
         """Bytes through the slowest link of a ring for one step of ``key`` (Gloo's ring

@@ -543,3 +543,22 @@ def test_split_state_resumes_exactly_and_old_checkpoints_still_load():
     assert _drive_rows(a, 10, times, rows_of) == _drive_rows(b, 10, times, rows_of)
     assert a.decisions == b.decisions
     assert "split_layers" not in _auto().describe()       # off: the hyper of older states
+
+
+def test_a_measured_method_is_pruned_by_its_own_step_time_where_the_prediction_is_low():
+    """Waits of 5% of a step (with overlap the waits hide the link) predict fp16 at 0.25 s,
+    but it measured 1.8 s. When PowerSGD's gain drifts below ε, the re-check queues fp16
+    (the best eligible score then) and, stale, Top-k 10x, which runs first and now scores
+    0.9 / 0.5 s: fp16, which could not reach that even at 1.5x its measured speed, is
+    pruned instead of running a full trial."""
+    auto = _auto(world=2, methods=["dense", "fp16", "powersgd:4", "sparse:10"],
+                 recheck_every=1000)
+    times = {"dense": 3.0, "fp16": 1.8, "powersgd:4": 0.2, "sparse:10": 0.5}
+    gains = {"powersgd:4": iter([0.9] * 5 + [0.4] * 100),
+             "sparse:10": iter([0.45] * 5 + [0.9] * 100)}
+    ran = _drive(auto, 24, times.get, lambda k: next(gains[k]), comm=0.05)
+    assert auto._predicted("fp16") < 0.3
+    assert ran.count("fp16") == 2                              # its calibration probe only
+    pruned = [(d["step"], d["method"]) for d in auto.decisions if d["event"] == "pruned"]
+    assert pruned == [(19, "fp16")]
+    assert auto.current == "sparse:10" and auto.phase == "run"
