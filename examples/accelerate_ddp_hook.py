@@ -133,7 +133,10 @@ def main(args):
             "last_sent": stats.sent, "last_cf": stats.cf, "last_cf_actual": stats.cf_actual,
             "state_dir": str(out / "state"), "tensorboard_dir": str(out / "tensorboard"),
         }), flush=True)
-    # Last: it closes the trackers and destroys the process group.
+    # Every rank done before the process group goes: a rank that tears its Gloo pairs down
+    # while the other still reads them aborts ("terminate called without an active
+    # exception"). Last: it closes the trackers and destroys the process group.
+    accelerator.wait_for_everyone()
     accelerator.end_training()
 
 
