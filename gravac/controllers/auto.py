@@ -438,7 +438,7 @@ class Auto(Controller):
             if climb[1] is not None:
                 gap = climb[1] - s["table"][climb[0]]["gain"]
                 s.setdefault("climb_gap", {})[climb[0]] = max(gap, 0.0)
-        self._propose_splits(step)
+        s["queue"] += [k for k in self._propose_splits(step) if k not in s["queue"]]
         self._prune_by_gain(step)
         self._advance(step)
 
@@ -468,8 +468,7 @@ class Auto(Controller):
         if stale is not None:
             queue.append(stale)
         s["round"] += 1
-        self._propose_splits(step)
-        queue += [k for k in s["queue"] if k not in queue]      # splits just proposed
+        queue += self._propose_splits(step)
         s["queue"] = [k for k in self._keys() if k in queue]
         self._advance(step)
 
@@ -636,25 +635,31 @@ class Auto(Controller):
             self._log(step, "pruned", k, reason=f"gain below epsilon={self.epsilon:g} "
                       f"(measured with {key})")
 
-    def _propose_splits(self, step: int) -> None:
+    def _propose_splits(self, step: int) -> list[str]:
         """With ``split_layers``, at the end of a sparse CF's trial or run: for that CF and
         its next (the second pass's energies), when the gain over every layer is below ε,
         the split (``gravac.controllers.split``): the layers to keep compressed for the
         fewest bytes while their gain, as the engine measures it, clears ε, the others
-        dense. It is queued as a method of its own (``<cf>/split``) unless its table
-        entry measured that same split; pruned by its predicted time like any other. From
-        the agreed per-layer energies: the same on every rank."""
+        dense. Returns the splits to queue as methods of their own (``<cf>/split``): not
+        one whose table entry measured that same split; the queue prunes them by their
+        predicted time like any other. From the agreed per-layer energies: the same on
+        every rank."""
         s = self._s
         key, energy = s["current"], s.get("layer_energy") or {}
         m = self._method(key)
+        proposed = []
         if not self.split_layers or m.kind != "sparse" or key.endswith(SPLIT) or not energy:
-            return
+            return proposed
         for level, column in ((m.level, 0), (self._next_cf(m), 1)):
             whole = None if level is None else Method("sparse", level, m.exchange).key
             if whole not in self._by_key:
                 continue
+            method = self._method(whole)
+            whole_bytes = self._wire_bytes(method, set())
+            # A layer's bytes saved: the step's bytes with it dense, less with it compressed.
             gains = [LayerGain(name, e[column] / e[2] if e[2] > 0 else 1.0, e[2],
-                               self._saved_bytes(whole, name)) for name, e in energy.items()]
+                               self._wire_bytes(method, {name}) - whole_bytes)
+                     for name, e in energy.items()]
             gain = measured_gain(gains, energy)
             if gain is None or gain >= self.epsilon:
                 continue
@@ -666,17 +671,12 @@ class Auto(Controller):
                 continue
             s.setdefault("splits", {})[split] = dense
             s["table"].pop(split, None)
-            if split not in s["queue"]:
-                s["queue"].append(split)
+            proposed.append(split)
             self._log(step, "split", split, dense_layers=dense,
                       gain=measured_gain(gains, keep),
                       reason=f"{whole}'s gain {gain:.3g} is below epsilon={self.epsilon:g} "
                              f"(measured with {key})")
-
-    def _saved_bytes(self, key: str, name: str) -> float:
-        """The link bytes of a step of ``key`` that compressing layer ``name`` saves."""
-        return self._wire_bytes(self._method(key), {name}) - \
-            self._wire_bytes(self._method(key), set())
+        return proposed
 
     # -- the table ------------------------------------------------------------------------
     def _eligible(self, key: str) -> bool:
