@@ -148,6 +148,11 @@ METHODS: dict[str, tuple[str, list[str]]] = {
     # run with its low-gain layers dense where the others' gain clears ε.
     "gravac_auto_split": ("auto.yaml", ["compression.auto.recheck_every=100",
                                         "compression.auto.split_layers=true"]),
+    # The same with PowerSGD's own gain threshold (compression.auto.epsilon_low_rank, E13):
+    # with error feedback a rank-r approximation's gain falls to 0.1-0.2 on the wide CNN
+    # while it trains to dense's loss, where Top-k at 0.5-0.6 does not.
+    "gravac_auto_low_rank": ("auto.yaml", ["compression.auto.recheck_every=100",
+                                           "compression.auto.epsilon_low_rank=0.1"]),
     # The same without overlap (auto.yaml overlaps the steps of dense, fp16 and sparse).
     "gravac_auto_no_overlap": ("auto.yaml", ["compression.auto.recheck_every=100",
                                              "compression.overlap=false"]),

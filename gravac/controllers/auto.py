@@ -54,6 +54,13 @@ How it explores, cheaply:
   ``sparse:40/split``), queued and pruned by its predicted time like any other, and its
   trial measures its time and gain.
 
+* **PowerSGD's own threshold** (``epsilon_low_rank``, unset by default: ε). With error
+  feedback a rank-r approximation's gain falls as the residual fills (PowerSGD rank 4 on
+  the wide CNN: 0.49 in its first steps, 0.2 after 80), while it trains to dense's loss
+  where Top-k at 0.5-0.6 does not: the one ε of GraVAC rules out the fastest method there.
+  Set, it replaces ε for the PowerSGD methods wherever ε decides (eligibility, fallback,
+  pruning of lower ranks, abandoning a trial); the sparsifier keeps ε.
+
 Per step, a chosen compressed method whose smoothed gain (EWMA with ``alpha``, started
 from the gain that chose it) falls below ε sends dense (GraVAC's fallback); its residual
 stays in error feedback. A trial sends its method in every step: it measures that method's
@@ -122,12 +129,16 @@ class Auto(Controller):
         split_layers: a sparse CF whose gain is below ε may run with its layers of low
             gain sent dense, where the gain over the layers it still compresses clears ε
             (a split method, e.g. ``sparse:40/split``; docs/ALGORITHM.md §15).
+        epsilon_low_rank: the gain threshold of the PowerSGD methods, in (0, 1]; None
+            (default): ε, GraVAC's one threshold. A rank-r approximation with error
+            feedback trains at gains where Top-k does not (docs/ALGORITHM.md E13).
     """
 
     def __init__(self, methods: list[str] | None = None, epsilon: float = 0.7,
                  trial_steps: int = 4, settle_steps: int = 1, recheck_every: int = 300,
                  recheck_within: float = 0.15, tolerance: float = 0.1,
-                 alpha: float | None = None, split_layers: bool = False):
+                 alpha: float | None = None, split_layers: bool = False,
+                 epsilon_low_rank: float | None = None):
         def bad(name, value, allowed):
             return ValueError(f"Auto({name}={value!r}): {allowed}")
         texts = list(DEFAULT_METHODS if methods is None else methods)
@@ -145,6 +156,11 @@ class Auto(Controller):
             raise bad("methods", texts, "lists a method twice")
         if not 0 < epsilon <= 1:
             raise bad("epsilon", epsilon, "must be in (0, 1]")
+        if epsilon_low_rank is not None and (
+                isinstance(epsilon_low_rank, bool)
+                or not isinstance(epsilon_low_rank, (int, float))
+                or not 0 < epsilon_low_rank <= 1):
+            raise bad("epsilon_low_rank", epsilon_low_rank, "must be in (0, 1] or None")
         for name, value, low in (("trial_steps", trial_steps, 1), ("settle_steps", settle_steps, 0),
                                  ("recheck_every", recheck_every, 1)):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
@@ -161,6 +177,7 @@ class Auto(Controller):
         self.recheck_every, self.recheck_within = recheck_every, recheck_within
         self.tolerance, self.alpha_option = tolerance, alpha
         self.split_layers = split_layers
+        self.epsilon_low_rank = epsilon_low_rank
         self.candidates: list[Method] = parsed
         self._by_key = {m.key: m for m in parsed}
         self._layers: list[str] = []
@@ -264,10 +281,11 @@ class Auto(Controller):
             gains = s.setdefault("trial_gains", [])
             gains.append([gain_min, gain_c])
             measured = self._measured_gains()
-            if measured and statistics.fmean(g for g, _ in measured) < self._near_epsilon():
+            if measured and statistics.fmean(g for g, _ in measured) < \
+                    self._near_epsilon(s["current"]):
                 s["abandon"] = True
             return SENT_MIN
-        return SENT_MIN if s["delta"] >= self.epsilon else SENT_DENSE
+        return SENT_MIN if s["delta"] >= self._epsilon(s["current"]) else SENT_DENSE
 
     def _smooth(self, average: float | None, sample: float) -> float:
         return sample if average is None else (1 - self._alpha) * average + self._alpha * sample
@@ -297,7 +315,7 @@ class Auto(Controller):
         if steps >= self.recheck_every:
             return f"recheck_every={self.recheck_every} steps"
         if self._fell_below(steps):
-            return f"smoothed gain below epsilon={self.epsilon:g}"
+            return f"smoothed gain below epsilon={self._epsilon(self._s['current']):g}"
         if self._next_clears(steps):
             return f"{self._next_cf_key()}'s gain clears epsilon={self.epsilon:g}"
         if self._drifted():
@@ -311,7 +329,7 @@ class Auto(Controller):
         that each fall back to dense."""
         s = self._s
         return (steps >= self.settle_steps + self.trial_steps and s["delta"] is not None
-                and s["delta"] < self.epsilon)
+                and s["delta"] < self._epsilon(s["current"]))
 
     def _recent_gain(self) -> float | None:
         """The mean agreed gain of the run's last 2 x ``trial_steps`` measured steps (None
@@ -408,10 +426,18 @@ class Auto(Controller):
         """The trial's (gain, next CF's gain) of its steps after settling."""
         return self._s.get("trial_gains", [])[self._trial_length()[0]:]
 
-    def _near_epsilon(self) -> float:
-        """The gain within ``recheck_within`` of ε: a method measured below it is far from
-        eligible (its trial ends at once; it is not re-measured as stale)."""
-        return (1 - self.recheck_within) * self.epsilon
+    def _epsilon(self, key: str) -> float:
+        """The gain threshold of ``key``'s method: ``epsilon_low_rank`` for PowerSGD where
+        set, else ε."""
+        if self.epsilon_low_rank is not None and self._method(key).kind == "powersgd":
+            return self.epsilon_low_rank
+        return self.epsilon
+
+    def _near_epsilon(self, key: str) -> float:
+        """The gain within ``recheck_within`` of ``key``'s threshold: a method measured
+        below it is far from eligible (its trial ends at once; it is not re-measured as
+        stale)."""
+        return (1 - self.recheck_within) * self._epsilon(key)
 
     def _end_trial(self, step: int, sync: Sync, abandoned: bool = False) -> None:
         """The trial's entry, its gains' verdict on the queue, the next trial or the choice.
@@ -423,7 +449,7 @@ class Auto(Controller):
             self._log(step, "abandoned", self._s["current"],
                       steps=len(self._s["trial_gains"]),
                       reason=f"mean gain below (1 - recheck_within) x epsilon = "
-                             f"{self._near_epsilon():.4g}")
+                             f"{self._near_epsilon(self._s['current']):.4g}")
             self._measure(step, sync, gains={
                 "gain": statistics.fmean(g for g, _ in gains),
                 "gain_next": statistics.fmean(nexts) if nexts else None})
@@ -484,11 +510,10 @@ class Auto(Controller):
         gains rule out is re-tried from its safe end instead."""
         s = self._s
         at = s.get("measured_at", {})
-        near = self._near_epsilon()
         stale = [k for k, e in s["table"].items()
                  if k != s["current"] and k not in queue and not self._method(k).dense
                  and e["t"] is not None and e["t"] > 0 and 1.0 / e["t"] > best
-                 and e["gain"] >= near]
+                 and e["gain"] >= self._near_epsilon(k)]
         keys = self._keys()
         return min(stale, key=lambda k: (at.get(k, -1), keys.index(k)),
                    default=None)
@@ -627,12 +652,12 @@ class Auto(Controller):
             if cap is not None:
                 out = [k for k in s["queue"] if self._method(k).kind == "sparse"
                        and self._method(k).level >= cap and not k.endswith(SPLIT)]
-        elif m.kind == "powersgd" and entry["gain"] < self.epsilon:
+        elif m.kind == "powersgd" and entry["gain"] < self._epsilon(key):
             out = [k for k in s["queue"] if self._method(k).kind == "powersgd"
                    and self._method(k).level <= m.level]
         for k in out:
             s["queue"].remove(k)
-            self._log(step, "pruned", k, reason=f"gain below epsilon={self.epsilon:g} "
+            self._log(step, "pruned", k, reason=f"gain below epsilon={self._epsilon(key):g} "
                       f"(measured with {key})")
 
     def _propose_splits(self, step: int) -> list[str]:
@@ -682,7 +707,7 @@ class Auto(Controller):
     def _eligible(self, key: str) -> bool:
         e = self._s["table"].get(key)
         return e is not None and e["t"] is not None and e["t"] > 0 and \
-            (key == "dense" or e["gain"] >= self.epsilon)
+            (key == "dense" or e["gain"] >= self._epsilon(key))
 
     def _score(self, key: str) -> float:
         """Compression throughput per sample: gain / step time (samples per step fixed)."""
@@ -807,7 +832,9 @@ class Auto(Controller):
                 "recheck_within": self.recheck_within, "tolerance": self.tolerance,
                 "alpha": self.alpha_option,
                 # (Only when on: checkpoints written before the option still load.)
-                **({"split_layers": True} if self.split_layers else {})}
+                **({"split_layers": True} if self.split_layers else {}),
+                **({"epsilon_low_rank": self.epsilon_low_rank}
+                   if self.epsilon_low_rank is not None else {})}
 
     def __repr__(self) -> str:
         return f"Auto(methods={self.method_texts})"

@@ -64,7 +64,9 @@ def test_a_sparse_method_picks_its_exchange_by_the_world():
     ({"methods": ["dense", "ring"]}, "kind must be one of"),
     ({"epsilon": 0}, r"epsilon=0\)"), ({"trial_steps": 0}, "trial_steps"),
     ({"settle_steps": -1}, "settle_steps"), ({"recheck_every": 1.5}, "recheck_every"),
-    ({"tolerance": -0.1}, "tolerance"), ({"alpha": 2}, "alpha")])
+    ({"tolerance": -0.1}, "tolerance"), ({"alpha": 2}, "alpha"),
+    ({"epsilon_low_rank": 0}, "epsilon_low_rank"), ({"epsilon_low_rank": "0.1"}, "epsilon_low_rank"),
+    ({"epsilon_low_rank": True}, "epsilon_low_rank")])
 def test_bad_options_name_the_option(kw, match):
     with pytest.raises(ValueError, match=match):
         Auto(**kw)
@@ -562,3 +564,42 @@ def test_a_measured_method_is_pruned_by_its_own_step_time_where_the_prediction_i
     pruned = [(d["step"], d["method"]) for d in auto.decisions if d["event"] == "pruned"]
     assert pruned == [(19, "fp16")]
     assert auto.current == "sparse:10" and auto.phase == "run"
+
+
+@pytest.mark.parametrize("epsilon_low_rank", [None, 0.3])
+def test_epsilon_low_rank_is_powersgds_threshold_and_leaves_the_sparsifier_at_epsilon(
+        epsilon_low_rank):
+    """Gains: powersgd:4 0.4, sparse:10 0.45, both below ε = 0.5. With epsilon_low_rank
+    0.3 PowerSGD rank 4 is eligible and chosen (score 0.4 / 0.1 = 4 against dense's 0.5),
+    its run sends compressed while its smoothed gain stays at least 0.3 and dense below;
+    Top-k stays at ε. Without it (GraVAC's one ε), dense is chosen."""
+    auto = _auto(methods=["dense", "powersgd:4", "sparse:10"], alpha=1.0,
+                 recheck_every=1000, epsilon_low_rank=epsilon_low_rank)
+    gains = {"powersgd:4": 0.4, "sparse:10": 0.45}
+    ran = _drive(auto, 10, {"dense": 2.0, "powersgd:4": 0.1, "sparse:10": 0.5}.get,
+                 gains.get)
+    assert "powersgd:4" in ran and "sparse:10" in ran
+    chosen = [d for d in auto.decisions if d["event"] == "chosen"][0]
+    assert chosen["scores"]["sparse:10"] == 0.0
+    if epsilon_low_rank is None:
+        assert chosen["method"] == "dense" and chosen["scores"]["powersgd:4"] == 0.0
+        assert "epsilon_low_rank" not in auto.describe()      # the hyper of older states
+        return
+    assert chosen["method"] == "powersgd:4" == auto.current
+    assert chosen["score"] == pytest.approx(0.4 / 0.1)
+    assert auto.describe()["epsilon_low_rank"] == 0.3
+    auto.plan(10)
+    assert auto.decide(0.35, None) == SENT_MIN
+    assert auto.decide(0.25, None) == SENT_DENSE
+
+
+def test_epsilon_low_rank_prunes_the_lower_ranks_below_it():
+    """powersgd:4 measured at 0.2, below epsilon_low_rank 0.3: rank 1 keeps less and is
+    not run; the reason names the threshold that ruled it out."""
+    auto = _auto(methods=["dense", "powersgd:4", "powersgd:1"], epsilon_low_rank=0.3)
+    ran = _drive(auto, 8, {"dense": 2.0, "powersgd:4": 0.1, "powersgd:1": 0.05}.get,
+                 {"powersgd:4": 0.2, "powersgd:1": 0.1}.get)
+    assert "powersgd:1" not in ran
+    pruned = [d for d in auto.decisions if d["event"] == "pruned"]
+    assert [d["method"] for d in pruned] == ["powersgd:1"]
+    assert "epsilon=0.3" in pruned[0]["reason"]
