@@ -38,9 +38,11 @@ How it explores, cheaply:
   chosen method's smoothed candidate gain now clears ε and the safe end of a family whose
   gains ruled it out, so a change of phase or link is noticed. The re-check comes at
   once when the chosen method's smoothed gain falls below ε, when its candidate gain
-  clears ε for a CF not yet eligible (the ladder is climbed as GraVAC climbs it), or when
-  its recent gain fell more than ``recheck_within`` below the gain it was chosen with (a
-  trial's few steps see the gain before error feedback filled the residual). Each
+  clears ε for a CF not yet eligible or eligible and faster at that gain than the run
+  (the ladder is climbed as GraVAC climbs it), or when its recent gain fell more than
+  ``recheck_within`` below the gain it was chosen with (a trial's few steps see the gain
+  before error feedback filled the residual) and that gain is below ε or leaves another
+  method's score within ``recheck_within`` of the run's. Each
   re-check also measures again one compressed method whose step time would beat the best
   score at a gain of 1 and whose last gain was within ``recheck_within`` of ε, the one
   measured longest ago: gains change during training.
@@ -340,16 +342,33 @@ class Auto(Controller):
             return None
         return statistics.fmean(sample[1] for sample in samples)
 
+    def _run_score(self) -> float | None:
+        """The run's own score: its recent gain over its median step time so far (None
+        before ``_recent_gain`` has its steps)."""
+        recent = self._recent_gain()
+        times = [x[0] for x in self._s["samples"] if x[0]]
+        return None if recent is None or not times else recent / statistics.median(times)
+
     def _drifted(self) -> bool:
         """The chosen compressed method's recent gain fell more than ``recheck_within``
-        below the gain it was chosen with: the measurement that chose it no longer holds
-        (PowerSGD's gain, measured right after a switch, decays as error feedback fills the
-        residual), so the methods close to it are measured again now."""
+        below the gain it was chosen with (PowerSGD's gain, measured right after a switch,
+        decays as error feedback fills the residual), and the re-check has something to
+        try: that gain is below the method's threshold, or another eligible method's score
+        is within ``recheck_within`` of the run's own (the re-check's queue). A drift that
+        leaves the method well ahead does not start trials: on the LSTM at 100 Mbit/s a
+        split's gain, drifting without changing the choice, re-checked every 10-30 steps
+        (28% of the run exploring, ``cpu_auto_lstm_100mbit_split_2026-11-28``)."""
         s, recent = self._s, self._recent_gain()
-        entry = s["table"].get(s["current"])
-        return (recent is not None and entry is not None
-                and not self._method(s["current"]).dense
-                and recent < (1 - self.recheck_within) * entry["gain"])
+        key = s["current"]
+        entry = s["table"].get(key)
+        if (recent is None or entry is None or self._method(key).dense
+                or recent >= (1 - self.recheck_within) * entry["gain"]):
+            return False
+        if recent < self._epsilon(key):
+            return True
+        run = self._run_score()
+        rivals = [self._score(k) for k in s["table"] if k != key]
+        return run is None or max(rivals, default=0.0) >= (1 - self.recheck_within) * run
 
     def _next_cf_key(self) -> str | None:
         """The chosen sparse method's next CF, when it is a candidate."""
@@ -360,13 +379,24 @@ class Auto(Controller):
         return key if key in self.method_texts else None
 
     def _next_clears(self, steps: int) -> bool:
-        """The chosen sparse method's smoothed candidate gain (the next CF's) cleared ε
-        while that CF is not an eligible entry of the table (never run, or ruled out
-        earlier in training): it is tried now, as GraVAC climbs its ladder, not after
-        ``recheck_every`` steps."""
+        """The chosen sparse method's smoothed candidate gain (the next CF's) cleared ε,
+        and that CF is not an eligible entry of the table (never run, or ruled out earlier
+        in training) or is one whose step time at that gain beats the run's own score: it
+        is tried now, as GraVAC climbs its ladder, not after ``recheck_every`` steps. The
+        second case: on the LSTM at 100 Mbit/s, after Top-k 40x's gain drifted below ε, a
+        re-check chose 10x by an entry 45 steps old (0.52 s a step; its run took 0.75 s)
+        while 20x was eligible, and 10x ran 100 steps although 20x's candidate gain
+        cleared ε throughout (``cpu_auto_lstm_100mbit_split_2026-11-28``)."""
         key = self._next_cf_key()
-        return (key is not None and steps >= self.settle_steps + self.trial_steps
-                and self._next_gain(key) >= self.epsilon and not self._eligible(key))
+        if key is None or steps < self.settle_steps + self.trial_steps:
+            return False
+        gain = self._next_gain(key)
+        if gain < self.epsilon:
+            return False
+        if not self._eligible(key):
+            return True
+        run = self._run_score()
+        return run is not None and gain / self._s["table"][key]["t"] > run
 
     def _next_gain(self, key: str) -> float:
         """The next CF's own gain as the run's smoothed candidate gain predicts it: that

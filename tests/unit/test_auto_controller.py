@@ -562,7 +562,7 @@ def test_a_measured_method_is_pruned_by_its_own_step_time_where_the_prediction_i
     assert auto._predicted("fp16") < 0.3
     assert ran.count("fp16") == 2                              # its calibration probe only
     pruned = [(d["step"], d["method"]) for d in auto.decisions if d["event"] == "pruned"]
-    assert pruned == [(19, "fp16")]
+    assert pruned == [(17, "fp16")]
     assert auto.current == "sparse:10" and auto.phase == "run"
 
 
@@ -603,3 +603,55 @@ def test_epsilon_low_rank_prunes_the_lower_ranks_below_it():
     pruned = [d for d in auto.decisions if d["event"] == "pruned"]
     assert [d["method"] for d in pruned] == ["powersgd:1"]
     assert "epsilon=0.3" in pruned[0]["reason"]
+
+
+@pytest.mark.parametrize("run_time, climbs", [(1.0, True), (0.5, False)])
+def test_the_ladder_is_climbed_to_an_eligible_cf_faster_than_the_run_at_its_candidate_gain(
+        run_time, climbs):
+    """sparse:10 (0.9 / 0.5 = 1.8) is chosen over sparse:20 (0.8 / 0.6 = 1.33). Its run's
+    steps then take ``run_time``: at 1.0 s the run scores 0.9, below what sparse:20's entry
+    gives at the candidate gain of 0.8 (1.33), so sparse:20 is tried at once (a climb,
+    though sparse:20 is eligible) and chosen. At 0.5 s the run stays ahead: no re-check."""
+    auto = _auto(methods=["dense", "sparse:10", "sparse:20"], alpha=1.0, recheck_every=1000)
+
+    def time_of(key):
+        if key == "sparse:10" and auto.phase == "run":
+            return run_time
+        return {"dense": 2.0, "sparse:10": 0.5, "sparse:20": 0.6}[key]
+    ran = _drive(auto, 20, time_of, {"sparse:10": 0.9, "sparse:20": 0.8}.get,
+                 {"sparse:10": 0.8, "sparse:20": 0.5}.get)
+    assert ran[:8] == ["dense"] * 2 + ["sparse:10"] * 3 + ["sparse:20"] * 3
+    chosen = [d["method"] for d in auto.decisions if d["event"] == "chosen"]
+    if not climbs:
+        assert chosen == ["sparse:10"] and ran[8:] == ["sparse:10"] * 12
+        return
+    assert ran[8:12] == ["sparse:10"] * 4 and ran[12:15] == ["sparse:20"] * 3
+    recheck = [d for d in auto.decisions if d["event"] == "measured" and d.get("reason")]
+    assert [d["method"] for d in recheck] == ["sparse:10"]
+    assert recheck[0]["reason"] == "sparse:20's gain clears epsilon=0.5"
+    assert recheck[0]["t"] == pytest.approx(1.0)       # the run's own step time
+    assert chosen == ["sparse:10", "sparse:20"] and auto.current == "sparse:20"
+
+
+@pytest.mark.parametrize("run_gain, rival_time, rechecked", [
+    (0.7, 2.0, False),       # drifted, still eligible, far ahead of every other method
+    (0.45, 2.0, True),       # drifted below ε
+    (0.7, 0.5, True)])       # drifted, and Top-k (0.8 / 0.5) is within 15% of the run
+def test_a_drift_rechecks_only_where_the_recheck_has_something_to_try(
+        run_gain, rival_time, rechecked):
+    """PowerSGD rank 4 is chosen at gain 0.9 (score 2.25) and its run's gain decays to
+    ``run_gain``, more than 15% below. The re-check comes where that gain is below ε or
+    another eligible method's score is within 15% of the run's (0.7 / 0.4 = 1.75):
+    Top-k 10x at 0.8 / ``rival_time``."""
+    auto = _auto(methods=["dense", "powersgd:4", "sparse:10"], alpha=0.02, recheck_every=1000)
+    times = {"dense": 1.0, "powersgd:4": 0.4, "sparse:10": rival_time}
+    phase_gains = {"powersgd:4": iter([0.9] * 3 + [run_gain] * 100),
+                   "sparse:10": iter([0.8] * 100)}
+    ran = _drive(auto, 20, times.get, lambda k: next(phase_gains[k]))
+    assert ran[:8] == ["dense"] * 2 + ["powersgd:4"] * 3 + ["sparse:10"] * 3
+    assert [d["method"] for d in auto.decisions if d["event"] == "chosen"][0] == "powersgd:4"
+    recheck = [d for d in auto.decisions if d["event"] == "measured" and d.get("reason")]
+    if not rechecked:
+        assert recheck == [] and ran[8:] == ["powersgd:4"] * 12
+        return
+    assert recheck[0]["step"] == 8 + 2 * 2 - 1 and "recheck_within" in recheck[0]["reason"]
