@@ -496,6 +496,17 @@ class Auto(Controller):
                 s.setdefault("climb_gap", {})[climb[0]] = max(gap, 0.0)
         s["queue"] += [k for k in self._propose_splits(step) if k not in s["queue"]]
         self._prune_by_gain(step)
+        m = self._method(s["current"])
+        if m.kind in ("sparse", "powersgd") and not self._eligible(s["current"]):
+            # The trial that ruled its family out (a re-check's, typically: the family's
+            # other entries were older) tries the safe end now, not at the next re-check:
+            # on the LSTM at 1 Gbit/s, Top-k 40x drifted below ε, 20x's trial then measured
+            # 0.69, and with 10x never measured (pruned by its time in the first round)
+            # fp16 ran 100 steps at 1.20x the fastest peer's time
+            # (cpu_auto_lstm_1gbit_low_rank_2026-11-28, round 1).
+            key = self._safe_end(m.kind, step, s["queue"])
+            if key is not None:
+                s["queue"].append(key)
         self._advance(step)
 
     def _recheck(self, step: int, sync: Sync, reason: str) -> None:
@@ -509,17 +520,10 @@ class Auto(Controller):
         if nxt is not None and self._next_gain(nxt) >= self.epsilon and nxt not in queue:
             queue.append(nxt)
             s["climb"] = [nxt, s.get("delta_c")]
-        for kind, safest in (("sparse", min), ("powersgd", max)):
-            # A family ruled out by its gains is tried again from its safe end: gains
-            # change as training goes on. Once per recheck_every steps: re-checks that
-            # gains trigger may come every few steps.
-            family = [c for c in self.candidates if c.kind == kind]
-            if family and not any(self._eligible(c.key) for c in family):
-                key = safest(family, key=lambda c: c.level).key
-                last = s.get("measured_at", {}).get(key)
-                if key not in queue and key != s["current"] and \
-                        (last is None or step - last >= self.recheck_every):
-                    queue.append(key)
+        for kind in ("sparse", "powersgd"):
+            key = self._safe_end(kind, step, queue)
+            if key is not None:
+                queue.append(key)
         stale = self._stale_candidate(queue, best)
         if stale is not None:
             queue.append(stale)
@@ -527,6 +531,21 @@ class Auto(Controller):
         queue += self._propose_splits(step)
         s["queue"] = [k for k in self._keys() if k in queue]
         self._advance(step)
+
+    def _safe_end(self, kind: str, step: int, queue: list[str]) -> str | None:
+        """The safe end of family ``kind`` (its lowest CF, its highest rank) to try again,
+        or None: where no method of the family is eligible or queued, gains ruled it out,
+        and gains change as training goes on. Not the current method, and once per
+        ``recheck_every`` steps: re-checks that gains start may come every few steps."""
+        s = self._s
+        family = [c for c in self.candidates if c.kind == kind]
+        if not family or any(self._eligible(c.key) or c.key in queue for c in family):
+            return None
+        key = (min if kind == "sparse" else max)(family, key=lambda c: c.level).key
+        last = s.get("measured_at", {}).get(key)
+        if key == s["current"] or (last is not None and step - last < self.recheck_every):
+            return None
+        return key
 
     def _stale_candidate(self, queue: list[str], best: float) -> str | None:
         """One compressed method to measure again at a re-check, or None: of those not

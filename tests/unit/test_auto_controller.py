@@ -655,3 +655,25 @@ def test_a_drift_rechecks_only_where_the_recheck_has_something_to_try(
         assert recheck == [] and ran[8:] == ["powersgd:4"] * 12
         return
     assert recheck[0]["step"] == 8 + 2 * 2 - 1 and "recheck_within" in recheck[0]["reason"]
+
+
+def test_the_trial_that_rules_its_family_out_tries_the_families_safe_end_at_once():
+    """Top-k 10x is pruned by its predicted time in the first round (PowerSGD rank 4 scores
+    0.9 / 0.2); 20x measures 0.8 and is eligible. PowerSGD's gain drifts to 0.3: the
+    re-check tries 20x again, which now measures 0.45, below ε. That trial left no sparse
+    CF eligible: 10x, never measured, is tried at once and chosen (not fp16, the best
+    eligible score without it)."""
+    auto = _auto(world=2, methods=["dense", "fp16", "powersgd:4", "sparse:10", "sparse:20",
+                                   "sparse:40"], recheck_every=1000, alpha=0.02)
+    times = {"dense": 3.0, "fp16": 1.0, "powersgd:4": 0.2, "sparse:10": 0.3, "sparse:20": 0.2}
+    gains = {"powersgd:4": iter([0.9] * 3 + [0.3] * 100),
+             "sparse:20": iter([0.8] * 3 + [0.45] * 100), "sparse:10": iter([0.9] * 100)}
+    nexts = {"sparse:20": 0.45, "sparse:10": 0.45}
+    ran = _drive(auto, 20, times.get, lambda k: next(gains[k]), nexts.get, comm=0.9)
+    pruned = [(d["step"], d["method"]) for d in auto.decisions if d["event"] == "pruned"]
+    assert (4, "sparse:10") in pruned and (7, "sparse:40") in pruned
+    assert ran[9:13] == ["powersgd:4"] * 4                 # chosen, then drifted
+    assert ran[13:16] == ["sparse:20"] * 3 and auto.table["sparse:20"]["gain"] == 0.45
+    assert ran[16:19] == ["sparse:10"] * 3
+    chosen = [(d["step"], d["method"]) for d in auto.decisions if d["event"] == "chosen"]
+    assert chosen == [(8, "powersgd:4"), (18, "sparse:10")]
