@@ -313,7 +313,8 @@ class Auto(Controller):
 
     def _recheck_reason(self, steps: int) -> str | None:
         """Why the chosen method is re-checked after ``steps`` steps of its run, or None.
-        The same on every rank: it reads agreed gains and step counts only."""
+        The same on every rank: it reads agreed gains, step counts and the table (rank 0's
+        entries, broadcast), never this rank's own step times (``_run_score``)."""
         if steps >= self.recheck_every:
             return f"recheck_every={self.recheck_every} steps"
         if self._fell_below(steps):
@@ -343,11 +344,16 @@ class Auto(Controller):
         return statistics.fmean(sample[1] for sample in samples)
 
     def _run_score(self) -> float | None:
-        """The run's own score: its recent gain over its median step time so far (None
-        before ``_recent_gain`` has its steps)."""
+        """The run's score at its recent gain: that gain over the step time of its table
+        entry (None before ``_recent_gain`` has its steps). Only agreed values: the gains
+        are agreed and the entry is rank 0's, broadcast, while this run's own step times
+        are each rank's. A re-check is a broadcast, so a trigger read from local timings
+        could start it on one rank and not on another: a hang."""
         recent = self._recent_gain()
-        times = [x[0] for x in self._s["samples"] if x[0]]
-        return None if recent is None or not times else recent / statistics.median(times)
+        entry = self._s["table"].get(self._s["current"])
+        if recent is None or entry is None or not entry.get("t"):
+            return None
+        return recent / entry["t"]
 
     def _drifted(self) -> bool:
         """The chosen compressed method's recent gain fell more than ``recheck_within``
@@ -384,9 +390,9 @@ class Auto(Controller):
         in training) or is one whose step time at that gain beats the run's own score: it
         is tried now, as GraVAC climbs its ladder, not after ``recheck_every`` steps. The
         second case: on the LSTM at 100 Mbit/s, after Top-k 40x's gain drifted below ε, a
-        re-check chose 10x by an entry 45 steps old (0.52 s a step; its run took 0.75 s)
-        while 20x was eligible, and 10x ran 100 steps although 20x's candidate gain
-        cleared ε throughout (``cpu_auto_lstm_100mbit_split_2026-11-28``)."""
+        re-check chose 10x (0.94 / 0.52 s) while 20x was eligible (0.72 / 0.42 s), and 10x
+        ran 100 steps although 20x's candidate gain, 0.85 after its climb's gap, would
+        have scored 2.0 against 10x's 1.8 (``cpu_auto_lstm_100mbit_split_2026-11-28``)."""
         key = self._next_cf_key()
         if key is None or steps < self.settle_steps + self.trial_steps:
             return False

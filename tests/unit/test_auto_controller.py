@@ -605,21 +605,23 @@ def test_epsilon_low_rank_prunes_the_lower_ranks_below_it():
     assert "epsilon=0.3" in pruned[0]["reason"]
 
 
-@pytest.mark.parametrize("run_time, climbs", [(1.0, True), (0.5, False)])
+@pytest.mark.parametrize("run_next_gain, climbs", [(0.95, True), (0.8, False)])
 def test_the_ladder_is_climbed_to_an_eligible_cf_faster_than_the_run_at_its_candidate_gain(
-        run_time, climbs):
-    """sparse:10 (0.9 / 0.5 = 1.8) is chosen over sparse:20 (0.8 / 0.6 = 1.33). Its run's
-    steps then take ``run_time``: at 1.0 s the run scores 0.9, below what sparse:20's entry
-    gives at the candidate gain of 0.8 (1.33), so sparse:20 is tried at once (a climb,
-    though sparse:20 is eligible) and chosen. At 0.5 s the run stays ahead: no re-check."""
+        run_next_gain, climbs):
+    """sparse:10 (0.9 / 0.5 s = 1.8) is chosen over sparse:20 (0.8 / 0.5 s = 1.6). In the
+    run sparse:20's candidate gain is ``run_next_gain``: at 0.95 sparse:20's entry would
+    score 0.95 / 0.5 = 1.9, above the run's 1.8 (its recent gain over its entry's step
+    time, both agreed), so sparse:20 is tried at once though it is eligible, and chosen.
+    At 0.8 (1.6) the run stays ahead: no re-check."""
     auto = _auto(methods=["dense", "sparse:10", "sparse:20"], alpha=1.0, recheck_every=1000)
+    gains = {"sparse:10": 0.9, "sparse:20": iter([0.8] * 3 + [0.95] * 100)}
 
-    def time_of(key):
-        if key == "sparse:10" and auto.phase == "run":
-            return run_time
-        return {"dense": 2.0, "sparse:10": 0.5, "sparse:20": 0.6}[key]
-    ran = _drive(auto, 20, time_of, {"sparse:10": 0.9, "sparse:20": 0.8}.get,
-                 {"sparse:10": 0.8, "sparse:20": 0.5}.get)
+    def next_of(key):
+        if key == "sparse:10":
+            return run_next_gain if auto.phase == "run" else 0.8
+        return 0.5
+    ran = _drive(auto, 20, {"dense": 2.0, "sparse:10": 0.5, "sparse:20": 0.5}.get,
+                 lambda k: gains[k] if k == "sparse:10" else next(gains[k]), next_of)
     assert ran[:8] == ["dense"] * 2 + ["sparse:10"] * 3 + ["sparse:20"] * 3
     chosen = [d["method"] for d in auto.decisions if d["event"] == "chosen"]
     if not climbs:
@@ -629,7 +631,6 @@ def test_the_ladder_is_climbed_to_an_eligible_cf_faster_than_the_run_at_its_cand
     recheck = [d for d in auto.decisions if d["event"] == "measured" and d.get("reason")]
     assert [d["method"] for d in recheck] == ["sparse:10"]
     assert recheck[0]["reason"] == "sparse:20's gain clears epsilon=0.5"
-    assert recheck[0]["t"] == pytest.approx(1.0)       # the run's own step time
     assert chosen == ["sparse:10", "sparse:20"] and auto.current == "sparse:20"
 
 
@@ -677,3 +678,65 @@ def test_the_trial_that_rules_its_family_out_tries_the_families_safe_end_at_once
     assert ran[16:19] == ["sparse:10"] * 3
     chosen = [(d["step"], d["method"]) for d in auto.decisions if d["event"] == "chosen"]
     assert chosen == [(8, "powersgd:4"), (18, "sparse:10")]
+
+
+class _Rank0Sync(_Sync2):
+    """Rank 0 of two: records what it broadcasts."""
+
+    def __init__(self):
+        self.sent = []
+
+    def broadcast_object(self, obj, name):
+        self.sent.append((name, obj))
+        return obj
+
+
+class _Rank1Sync(_Sync2):
+    """Rank 1 of two: receives what rank 0 broadcast, in order, under the same names."""
+    rank = 1
+
+    def __init__(self, sent):
+        self.sent = list(sent)
+
+    def broadcast_object(self, obj, name):
+        assert self.sent, f"rank 1 broadcasts {name!r} where rank 0 did not"
+        sent_name, value = self.sent.pop(0)
+        assert sent_name == name
+        return value
+
+
+def _drive_rank(auto, sync, steps, time_of, gain_of):
+    ran = []
+    for step in range(steps):
+        plan = auto.plan(step)
+        key = plan.method.key
+        ran.append(key)
+        sent = auto.decide(gain_of(key), None) if plan.needs_gains else SENT_MIN
+        t = time_of(key, auto.phase)
+        auto.end_step(StepRecord(step=step, sent=sent, cf=1.0, gain=1.0, t_iter=t,
+                                 samples=32, extra={"t_comm": 0.5 * t}), sync)
+    return ran
+
+
+@pytest.mark.parametrize("slow", [1.0, 10.0])
+def test_ranks_whose_own_step_times_differ_make_the_same_choices(slow):
+    """Every re-check is a broadcast, so its trigger must read agreed values only. Rank 1's
+    run steps take ``slow`` x rank 0's (a straggler, or timers that disagree); with the
+    same agreed gains both ranks run the same methods and log the same decisions, and
+    rank 1 broadcasts exactly when rank 0 does (no hang). PowerSGD's gain drifts to 0.7,
+    far ahead of every other method at rank 0's step times."""
+    def run(rank_slow, sync):
+        auto = _auto(world=2, methods=["dense", "powersgd:4", "sparse:10"], alpha=0.02,
+                     recheck_every=1000)
+        auto.bind(list(SHAPES), sync)
+        gains = {"powersgd:4": iter([0.9] * 3 + [0.7] * 100), "sparse:10": iter([0.8] * 100)}
+        times = {"dense": 1.0, "powersgd:4": 0.4, "sparse:10": 2.0}
+        return auto, _drive_rank(auto, sync, 30,
+                                 lambda k, phase: times[k] * (rank_slow if phase == "run" else 1),
+                                 lambda k: next(gains[k]))
+    rank0 = _Rank0Sync()
+    a0, ran0 = run(1.0, rank0)
+    rank1 = _Rank1Sync(rank0.sent)
+    a1, ran1 = run(slow, rank1)
+    assert ran0 == ran1 and a0.decisions == a1.decisions and rank1.sent == []
+    assert ran0[8:] == ["powersgd:4"] * 22          # no re-check: far ahead at 0.7
