@@ -390,8 +390,8 @@ class Auto(Controller):
         in training) or is one whose step time at that gain beats the run's own score: it
         is tried now, as GraVAC climbs its ladder, not after ``recheck_every`` steps. The
         second case: on the LSTM at 100 Mbit/s, after Top-k 40x's gain drifted below ε, a
-        re-check chose 10x (0.94 / 0.52 s) while 20x was eligible (0.72 / 0.42 s), and 10x
-        ran 100 steps although 20x's candidate gain, 0.85 after its climb's gap, would
+        re-check chose 10x (0.96 / 0.52 s) while 20x was eligible (0.72 / 0.42 s), and 10x
+        ran 100 steps although 20x's candidate gain, 0.84 after its climb's gap, would
         have scored 2.0 against 10x's 1.8 (``cpu_auto_lstm_100mbit_split_2026-11-28``)."""
         key = self._next_cf_key()
         if key is None or steps < self.settle_steps + self.trial_steps:
