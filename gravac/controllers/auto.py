@@ -502,15 +502,15 @@ class Auto(Controller):
                 s.setdefault("climb_gap", {})[climb[0]] = max(gap, 0.0)
         s["queue"] += [k for k in self._propose_splits(step) if k not in s["queue"]]
         self._prune_by_gain(step)
-        m = self._method(s["current"])
-        if m.kind in ("sparse", "powersgd") and not self._eligible(s["current"]):
-            # The trial that ruled its family out (a re-check's, typically: the family's
+        kind = self._method(s["current"]).kind
+        if kind in ("sparse", "powersgd"):
+            # A trial that ruled its family out (a re-check's, typically: the family's
             # other entries were older) tries the safe end now, not at the next re-check:
             # on the LSTM at 1 Gbit/s, Top-k 40x drifted below ε, 20x's trial then measured
             # 0.69, and with 10x never measured (pruned by its time in the first round)
             # fp16 ran 100 steps at 1.20x the fastest peer's time
             # (cpu_auto_lstm_1gbit_low_rank_2026-11-28, round 1).
-            key = self._safe_end(m.kind, step, s["queue"])
+            key = self._safe_end(kind, step, s["queue"])
             if key is not None:
                 s["queue"].append(key)
         self._advance(step)

@@ -22,10 +22,10 @@ def _auto(world: int = 1, **kw) -> Auto:
 
 
 def _drive(auto: Auto, steps: int, time_of, gain_of, next_gain_of=lambda m: None,
-           comm: float = 0.5):
+           comm: float = 0.5, sync=None):
     """Run ``steps`` scripted steps: the method planned gets ``time_of(key)`` seconds
     (``comm`` of them waits) and the gains ``gain_of(key)`` (its own) and
-    ``next_gain_of(key)`` (the next CF's)."""
+    ``next_gain_of(key)`` (the next CF's); ``sync``: this rank's (default one rank)."""
     ran = []
     for step in range(steps):
         plan = auto.plan(step)
@@ -36,7 +36,8 @@ def _drive(auto: Auto, steps: int, time_of, gain_of, next_gain_of=lambda m: None
             sent = auto.decide(gain_of(key), next_gain_of(key))
         t = time_of(key)
         auto.end_step(StepRecord(step=step, sent=sent, cf=1.0, gain=1.0, t_iter=t,
-                                 samples=32, extra={"t_comm": comm * t}), LocalSync())
+                                 samples=32, extra={"t_comm": comm * t}),
+                      sync or LocalSync())
     return ran
 
 
@@ -705,19 +706,6 @@ class _Rank1Sync(_Sync2):
         return value
 
 
-def _drive_rank(auto, sync, steps, time_of, gain_of):
-    ran = []
-    for step in range(steps):
-        plan = auto.plan(step)
-        key = plan.method.key
-        ran.append(key)
-        sent = auto.decide(gain_of(key), None) if plan.needs_gains else SENT_MIN
-        t = time_of(key, auto.phase)
-        auto.end_step(StepRecord(step=step, sent=sent, cf=1.0, gain=1.0, t_iter=t,
-                                 samples=32, extra={"t_comm": 0.5 * t}), sync)
-    return ran
-
-
 @pytest.mark.parametrize("slow", [1.0, 10.0])
 def test_ranks_whose_own_step_times_differ_make_the_same_choices(slow):
     """Every re-check is a broadcast, so its trigger must read agreed values only. Rank 1's
@@ -731,9 +719,9 @@ def test_ranks_whose_own_step_times_differ_make_the_same_choices(slow):
         auto.bind(list(SHAPES), sync)
         gains = {"powersgd:4": iter([0.9] * 3 + [0.7] * 100), "sparse:10": iter([0.8] * 100)}
         times = {"dense": 1.0, "powersgd:4": 0.4, "sparse:10": 2.0}
-        return auto, _drive_rank(auto, sync, 30,
-                                 lambda k, phase: times[k] * (rank_slow if phase == "run" else 1),
-                                 lambda k: next(gains[k]))
+        return auto, _drive(auto, 30,
+                            lambda k: times[k] * (rank_slow if auto.phase == "run" else 1),
+                            lambda k: next(gains[k]), sync=sync)
     rank0 = _Rank0Sync()
     a0, ran0 = run(1.0, rank0)
     rank1 = _Rank1Sync(rank0.sent)
