@@ -2,9 +2,9 @@
 
 See ``python train.py --help`` and README.md.
 """
-import sys
-
+from gravac.comm import end_process
 from gravac.train.cli import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # after gloo, without finalization: gravac/comm/process_exit.py says why
+    end_process(main())

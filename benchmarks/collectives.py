@@ -413,8 +413,12 @@ def main(argv=None) -> int:
         tmp.replace(args.out)
         print(f"[collectives] {comm.size} ranks ({n_hosts} hosts x {n_slots}), backend "
               f"{comm.backend}: {args.out}", flush=True)
+    comm.close()            # every rank's collectives over before any rank exits
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    from gravac.comm import end_process   # after gloo, no finalization: process_exit.py
+
+    end_process(code)

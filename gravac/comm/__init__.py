@@ -27,6 +27,7 @@ from typing import Mapping
 from .base import OPS, Comm, Done, Handle
 from .handshake import DEFAULT_TIMEOUT_S, VersionMismatch, agree_versions
 from .local import LocalComm
+from .process_exit import end_process
 
 BACKENDS = ("auto", "horovod", "torch", "local")
 #: How gravac waits for a Horovod collective (``horovod.py``): poll and "sleep", or "spin"
@@ -148,4 +149,4 @@ def init(backend: str = "auto", horovod_cycle_time_ms="auto",
 
 
 __all__ = ["BACKENDS", "LAUNCHERS", "OPS", "Comm", "Done", "Handle", "LocalComm",
-           "VersionMismatch", "detect_backend", "init", "launched_by"]
+           "VersionMismatch", "detect_backend", "end_process", "init", "launched_by"]

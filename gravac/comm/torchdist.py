@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from .base import Comm, Done, Handle, check_op, check_ranks
+from .process_exit import note_gloo
 
 
 class _Work(Handle):
@@ -62,6 +63,8 @@ class TorchDistComm(Comm):
         # init() started the default process group for this Comm: close() ends it.
         self._owns = bool(owns_process_group) and group is None
         self._nccl = dist.get_backend(group) == "nccl"
+        if not self._nccl:
+            note_gloo()     # gloo's threads outlive the group: see process_exit.py
         self._wire_device = (torch.device("cuda", torch.cuda.current_device()) if self._nccl
                              else torch.device("cpu"))
 
