@@ -10,6 +10,7 @@ rank instead of leaving one waiting.
 """
 import pytest
 
+from gravac.comm import end_process
 from helpers import BACKEND, COMM
 
 
@@ -22,10 +23,22 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "horovod_only: needs Horovod (e.g. Horovod Elastic)")
 
 
+_exit_status = {}
+
+
+def pytest_sessionfinish(session, exitstatus):
+    _exit_status["code"] = int(exitstatus)
+
+
+@pytest.hookimpl(trylast=True)
 def pytest_unconfigure(config):
-    # Every rank, after its last test: torch.distributed's group ends in order (a barrier,
-    # then destroy_process_group), not by exit order; under Horovod nothing happens.
+    # Every rank, after its last test and the reports: torch.distributed's group ends in
+    # order (a barrier, then destroy_process_group), not by exit order; under Horovod
+    # nothing happens. Then the process ends as train.py does: after gloo, without the
+    # interpreter's finalization (gravac/comm/process_exit.py).
     COMM.close()
+    if BACKEND == "torch" and "code" in _exit_status:
+        end_process(_exit_status["code"])
 
 
 def pytest_collection_modifyitems(config, items):
