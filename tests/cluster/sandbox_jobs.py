@@ -22,6 +22,9 @@ from pathlib import Path
 from jobs import REPO, rank_pid
 
 SANDBOX = str(REPO / "hvd_scripts/cluster_sandbox.sh")
+# Where a failed job's output starts to say what went wrong (digest()).
+FAILURE_MARKS = ("Traceback (most recent call last)", "terminate called", "Fatal Python error",
+                 "[sandbox] COMMAND on")
 # A guard against a broken set-up (a job that never ends), not a speed limit.
 HANG_GUARD_S = 420
 
@@ -69,12 +72,12 @@ class Sandbox:
         return self.log.read_text(errors="replace")
 
     def digest(self, limit: int = 6000) -> str:
-        """The output for an assertion message: from the first traceback or the sandbox's
-        own failure line (what went wrong first), then the end; a job that fails on one
-        host fills its tail with the other hosts' stop."""
+        """The output for an assertion message: from the first traceback, native abort
+        (a rank's "terminate called ...", "Fatal Python error") or the sandbox's own
+        failure line (what went wrong first), then the end; a job that fails on one host
+        fills its tail with the other hosts' stop."""
         text = self.output()
-        marks = [i for i in (text.find("Traceback (most recent call last)"),
-                             text.find("[sandbox] COMMAND on")) if i >= 0]
+        marks = [i for i in (text.find(mark) for mark in FAILURE_MARKS) if i >= 0]
         if not marks or len(text) <= limit:
             return text[-limit:]
         first = max(0, min(marks) - 500)
