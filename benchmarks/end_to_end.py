@@ -153,6 +153,17 @@ METHODS: dict[str, tuple[str, list[str]]] = {
     # while it trains to dense's loss, where Top-k at 0.5-0.6 does not.
     "gravac_auto_low_rank": ("auto.yaml", ["compression.auto.recheck_every=100",
                                            "compression.auto.epsilon_low_rank=0.1"]),
+    # The same where a re-check always switches to the best score (switch_margin 0: the
+    # rule before Auto kept a running method within 5% of the best), and both opt-ins with
+    # the default margin.
+    "gravac_auto_no_switch_margin": ("auto.yaml", ["compression.auto.recheck_every=100",
+                                                   "compression.auto.switch_margin=0"]),
+    "gravac_auto_low_rank_no_switch_margin": ("auto.yaml", [
+        "compression.auto.recheck_every=100", "compression.auto.epsilon_low_rank=0.1",
+        "compression.auto.switch_margin=0"]),
+    "gravac_auto_split_no_switch_margin": ("auto.yaml", [
+        "compression.auto.recheck_every=100", "compression.auto.split_layers=true",
+        "compression.auto.switch_margin=0"]),
     # The same without overlap (auto.yaml overlaps the steps of dense, fp16 and sparse).
     "gravac_auto_no_overlap": ("auto.yaml", ["compression.auto.recheck_every=100",
                                              "compression.overlap=false"]),

@@ -67,7 +67,7 @@ def test_a_sparse_method_picks_its_exchange_by_the_world():
     ({"settle_steps": -1}, "settle_steps"), ({"recheck_every": 1.5}, "recheck_every"),
     ({"tolerance": -0.1}, "tolerance"), ({"alpha": 2}, "alpha"),
     ({"epsilon_low_rank": 0}, "epsilon_low_rank"), ({"epsilon_low_rank": "0.1"}, "epsilon_low_rank"),
-    ({"epsilon_low_rank": True}, "epsilon_low_rank")])
+    ({"epsilon_low_rank": True}, "epsilon_low_rank"), ({"switch_margin": -0.1}, "switch_margin")])
 def test_bad_options_name_the_option(kw, match):
     with pytest.raises(ValueError, match=match):
         Auto(**kw)
@@ -297,6 +297,62 @@ def test_state_dict_resumes_to_the_same_decisions():
     assert ran_a == ran_b and a.decisions == b.decisions
     with pytest.raises(ValueError, match="other options"):
         _auto(epsilon=0.6).load_state_dict(a.state_dict())
+
+
+def _recheck_between_fp16_and_dense(t_dense_later: float, **kw) -> tuple[Auto, list]:
+    """fp16 (0.9 s) beats dense (1.0 s) in the first round; in its run its steps take
+    1.0 s, and at the re-check dense's trial measures ``t_dense_later``."""
+    auto = _auto(world=2, methods=["dense", "fp16"], recheck_every=4, **kw)
+    calls = {"dense": 0, "fp16": 0}
+
+    def time_of(key):
+        calls[key] += 1
+        if key == "fp16":
+            return 0.9 if calls[key] <= 5 else 1.0     # probe 2 + confirmation 3, then the run
+        return 1.0 if calls[key] <= 3 else t_dense_later
+    ran = _drive(auto, 2 + 3 + 3 + 4 + 3 + 2, time_of, lambda k: 1.0, comm=0.05)
+    return auto, ran
+
+
+@pytest.mark.parametrize("margin, t_dense_later, kept", [
+    (None, 0.97, True),     # dense's score 1.031 against the run's 1.0: within 5%
+    (0.0, 0.97, False),     # no margin: the best score wins
+    (None, 0.9, False)])    # dense's 1.11 is more than 5% better
+def test_a_recheck_switches_only_to_a_score_beyond_switch_margin(margin, t_dense_later, kept):
+    kw = {} if margin is None else {"switch_margin": margin}
+    auto, ran = _recheck_between_fp16_and_dense(t_dense_later, **kw)
+    assert ran[:12] == ["fp16"] * 2 + ["dense"] * 3 + ["fp16"] * 3 + ["fp16"] * 4
+    assert ran[12:15] == ["dense"] * 3                    # the re-check's trial
+    chosen = [d for d in auto.decisions if d["event"] == "chosen"]
+    assert [d["method"] for d in chosen] == ["fp16", "fp16" if kept else "dense"]
+    assert ran[15:] == ["fp16" if kept else "dense"] * 2
+    assert "reason" not in chosen[0]                      # the first choice has no incumbent
+    if kept:
+        assert chosen[1]["reason"] == "within switch_margin=0.05 of dense's score 1.031"
+        assert chosen[1]["score"] == pytest.approx(1.0)
+    else:
+        assert "reason" not in chosen[1]
+
+
+def test_switch_margin_resumes_mid_recheck_and_old_checkpoints_still_load():
+    """A checkpoint inside the re-check's trial holds the method it may keep; a
+    checkpoint from before the option (no switch_margin in its options) loads with the
+    default, and another margin is refused."""
+    a, _ = _recheck_between_fp16_and_dense(0.97)
+    b = _auto(world=2, methods=["dense", "fp16"], recheck_every=4)
+    c = _auto(world=2, methods=["dense", "fp16"], recheck_every=4)
+    times = {"dense": 1.0, "fp16": 0.9}
+    _drive(b, 13, times.get, lambda k: 1.0, comm=0.05)     # inside dense's re-check trial
+    assert b.phase == "trial" and b._s["incumbent"] == "fp16"
+    c.load_state_dict(b.state_dict())
+    assert _drive(b, 30, times.get, lambda k: 1.0, comm=0.05) == \
+        _drive(c, 30, times.get, lambda k: 1.0, comm=0.05) and b.decisions == c.decisions
+    state = b.state_dict()
+    assert "switch_margin" not in state["hyper"]           # the default: as before the option
+    with pytest.raises(ValueError, match="other options"):
+        _auto(world=2, methods=["dense", "fp16"], recheck_every=4,
+              switch_margin=0.1).load_state_dict(state)
+    assert a.describe() == b.describe()
 
 
 def test_the_ladder_is_climbed_when_the_next_cfs_gain_clears_epsilon_during_the_run():
