@@ -916,7 +916,8 @@ class Auto(Controller):
                 "settle_steps": self.settle_steps, "recheck_every": self.recheck_every,
                 "recheck_within": self.recheck_within, "tolerance": self.tolerance,
                 "alpha": self.alpha_option,
-                # (Only when on: checkpoints written before the option still load.)
+                # (Only when on, or not the default: checkpoints written before the
+                # option still load.)
                 **({"split_layers": True} if self.split_layers else {}),
                 **({"epsilon_low_rank": self.epsilon_low_rank}
                    if self.epsilon_low_rank is not None else {}),
