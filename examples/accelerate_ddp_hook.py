@@ -37,6 +37,7 @@ from accelerate import Accelerator
 from accelerate.utils import ProjectConfiguration, set_seed
 from torch.utils.data import DataLoader, TensorDataset
 
+from gravac.comm import end_process
 from gravac.controllers import GraVAC, Static
 from gravac.data import load_digits_dataset
 from gravac.models import SmallCNN
@@ -155,3 +156,7 @@ if __name__ == "__main__":
     parser.add_argument("--log-every", type=int, default=5, help="log every N steps")
     parser.add_argument("--seed", type=int, default=0)
     main(parser.parse_args())
+    # After gloo, exit without the interpreter's finalization: gloo's worker threads
+    # outlive the process group, and one still releasing a collective's tensors while
+    # the interpreter finalizes aborts the rank (gravac/comm/process_exit.py).
+    end_process(0)
