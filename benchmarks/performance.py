@@ -11,7 +11,9 @@ data. ``current.yaml`` says which sets are the current numbers; this script rend
 * ``e2e`` sets (``benchmarks/end_to_end.py``'s ``results.json``): per workload and link,
   each method's samples/s and time to dense's target loss against dense and against the
   fastest method a user would run instead (dense, fp16, DDP's PowerSGD), its final loss
-  against dense's and the floats it sent; the README table condenses them;
+  against dense's and the floats it sent; the README table condenses them. A set measured
+  under both launchers is listed once per launcher (``backend: horovod`` or ``torch``):
+  each launcher's rounds have their own peers;
 * ``gpu`` sets (``benchmarks/cuda_check.sh``): the step breakdown, the compressors against
   one pass and the batched paths;
 * ``table`` sets: their ``results.md`` (or ``file``) as the benchmark printed it;
@@ -42,6 +44,12 @@ PEERS = ("dense", "horovod_fp16", "ddp_powersgd_rank1", "ddp_powersgd_rank4")
 PEER_NAMES = {"dense": "dense DDP", "horovod_fp16": "DDP's fp16 hook",
               "ddp_powersgd_rank1": "DDP PowerSGD rank 1",
               "ddp_powersgd_rank4": "DDP PowerSGD rank 4"}
+#: The same methods' names under horovodrun, where end_to_end.py runs Horovod's own.
+HOROVOD_PEER_NAMES = {"dense": "Horovod dense", "horovod_fp16": "Horovod fp16"}
+
+
+def peer_name(method: str, backend: str | None = None) -> str:
+    return (HOROVOD_PEER_NAMES if backend == "horovod" else PEER_NAMES).get(method, method)
 
 
 def load_current() -> dict:
@@ -52,11 +60,21 @@ def _link(name: str, from_readme: bool = False) -> str:
     return f"[{name}]({'docs/' if from_readme else ''}results/{name}/)"
 
 
-def _rounds(result_set: str) -> list[dict]:
-    """Every (rate, backend, round) block of an end_to_end.py results.json."""
+def _rounds(result_set: str, backend: str | None = None) -> list[dict]:
+    """Every (rate, backend, round) block of an end_to_end.py results.json; ``backend``:
+    that launcher's only, which a set measured under both must name (each launcher's
+    rounds have their own peers)."""
     data = json.loads((RESULTS / result_set / "results.json").read_text())
-    return [{"rate": rate, "backend": backend, "round": name, **block}
-            for rate, backends in data.items() for backend, rounds in backends.items()
+    measured = sorted({b for backends in data.values() for b in backends})
+    if backend is None and len(measured) > 1:
+        raise SystemExit(f"docs/results/current.yaml: {result_set} holds the backends "
+                         f"{measured}; give its entry a backend: {' or '.join(measured)}")
+    if backend is not None and backend not in measured:
+        raise SystemExit(f"docs/results/current.yaml: {result_set} has no backend "
+                         f"{backend!r} (it holds {measured})")
+    return [{"rate": rate, "backend": b, "round": name, **block}
+            for rate, backends in data.items() for b, rounds in backends.items()
+            if backend is None or b == backend
             for name, block in sorted(rounds.items())]
 
 
@@ -75,10 +93,11 @@ def _pct(values: list[float]) -> str:
     return text if f"{low:.3f}" == f"{high:.3f}" else f"{text} to {100 * high:+.1f}%"
 
 
-def e2e_rows(result_set: str) -> list[dict]:
+def e2e_rows(result_set: str, backend: str | None = None) -> list[dict]:
     """Per method: its ratios over the rounds (time to target and samples/s vs dense,
-    time to target vs the best peer of each round, final loss vs dense, floats sent)."""
-    rounds = _rounds(result_set)
+    time to target vs the best peer of each round, final loss vs dense, floats sent);
+    ``backend``: one launcher's rounds (``_rounds``)."""
+    rounds = _rounds(result_set, backend)
     methods = list(rounds[0]["runs"])
     rows = []
     for method in methods:
@@ -105,8 +124,8 @@ def e2e_rows(result_set: str) -> list[dict]:
 
 
 def e2e_table(entry: dict) -> list[str]:
-    rows = e2e_rows(entry["set"])
-    peers = sorted({PEER_NAMES.get(p, p) for r in rows for p in r["peers"]})
+    rows = e2e_rows(entry["set"], entry.get("backend"))
+    peers = sorted({peer_name(p, entry.get("backend")) for r in rows for p in r["peers"]})
     lines = [f"#### {entry['workload']}, {entry['link']} ({_link(entry['set'])})", "",
              f"{rows[0]['rounds']} rounds; the fastest peer to dense's target loss: "
              f"{', '.join(peers)}. Lower is faster for time to target.", "",
@@ -127,11 +146,11 @@ def readme_table(entries: list[dict]) -> list[str]:
              "vs dense | vs the fastest alternative | final loss vs dense | result set |",
              "|---|---|---|---:|---:|---:|---|"]
     for entry in entries:
-        rows = {r["method"]: r for r in e2e_rows(entry["set"])}
+        rows = {r["method"]: r for r in e2e_rows(entry["set"], entry.get("backend"))}
         ours = [rows[m] for m in entry["gravac"] if m in rows]
         best = min(ours, key=lambda r: max((v for v in r["ttt"] if v is not None),
                                            default=float("inf")))
-        peer = sorted({PEER_NAMES.get(p, p) for p in best["peers"]})
+        peer = sorted({peer_name(p, entry.get("backend")) for p in best["peers"]})
         lines.append(f"| {entry['workload']} | {entry['link']} | `{best['method']}` | "
                      f"{_ratio(best['ttt'])} | {_ratio(best['vs_peer'])} "
                      f"({', '.join(peer)}) | {_pct(best['loss'])} | "
@@ -156,14 +175,14 @@ def choose_table(entries: list[dict]) -> list[str]:
              "alternative (median of the rounds) | use | result set |",
              "|---|---|---|---:|---|---|"]
     for entry in entries:
-        rows = e2e_rows(entry["set"])
+        rows = e2e_rows(entry["set"], entry.get("backend"))
         ours = min((r for r in rows if r["method"] in entry["gravac"]),
                    key=lambda r: _median(r["ttt"]))
         peer = min((r for r in rows if r["method"] in PEERS), key=lambda r: _median(r["ttt"]))
         versus = _median(ours["vs_peer"])
-        against = ", ".join(sorted({PEER_NAMES.get(p, p) for p in ours["peers"]}))
+        against = ", ".join(sorted({peer_name(p, entry.get("backend")) for p in ours["peers"]}))
         use = f"gravac (`{ours['method']}`)" if versus <= 1.0 else \
-            PEER_NAMES.get(peer["method"], peer["method"])
+            peer_name(peer["method"], entry.get("backend"))
         lines.append(f"| {entry['workload']} | {entry['link']} | `{ours['method']}` | "
                      f"{'never' if versus == float('inf') else f'{versus:.2f}x'} "
                      f"({against}) | {use} | {_link(entry['set'])} |")

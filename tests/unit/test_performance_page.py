@@ -1,0 +1,43 @@
+"""benchmarks/performance.py on a result set measured under both launchers: each
+launcher's rounds are rendered against that launcher's own peers, and an entry that does
+not say which launcher is refused in one line."""
+import json
+from pathlib import Path
+
+import pytest
+
+from bench_module import load_benchmark
+
+REPO = Path(__file__).resolve().parents[2]
+performance = load_benchmark("performance")
+
+SET = "cpu_auto_lstm_1gbit_backends_2026-11-28"
+
+
+def _runs(backend):
+    data = json.loads((REPO / "docs/results" / SET / "results.json").read_text())
+    return [block["runs"] for block in data["1gbit"][backend].values()]
+
+
+@pytest.mark.parametrize("backend, peer, name", [("horovod", "horovod_fp16", "Horovod fp16"),
+                                                 ("torch", "ddp_powersgd_rank4",
+                                                  "DDP PowerSGD rank 4")])
+def test_each_launchers_rounds_meet_its_own_peers(backend, peer, name):
+    rows = {r["method"]: r for r in performance.e2e_rows(SET, backend)}
+    auto = rows["gravac_auto"]
+    assert auto["rounds"] == 2 and set(auto["peers"]) == {peer}
+    expected = [runs["gravac_auto"]["time_to_target"] / runs[peer]["time_to_target"]
+                for runs in _runs(backend)]
+    assert auto["vs_peer"] == pytest.approx(expected)
+    table = "\n".join(performance.e2e_table({"set": SET, "backend": backend,
+                                             "workload": "LSTM", "link": "1 Gbit/s"}))
+    assert f"the fastest peer to dense's target loss: {name}." in table
+    assert ("ddp_powersgd_rank4" in rows) == (backend == "torch")
+
+
+def test_a_set_of_two_launchers_must_name_one():
+    with pytest.raises(SystemExit, match=f"{SET} holds the backends \\['horovod', 'torch'\\]; "
+                                         "give its entry a backend: horovod or torch"):
+        performance.e2e_rows(SET)
+    with pytest.raises(SystemExit, match="has no backend 'nccl'"):
+        performance.e2e_rows(SET, "nccl")
