@@ -37,7 +37,7 @@ def pytest_unconfigure(config):
     # nothing happens. Then the process ends as train.py does: after gloo, without the
     # interpreter's finalization (gravac/comm/process_exit.py).
     COMM.close()
-    if BACKEND == "torch" and "code" in _exit_status:
+    if "code" in _exit_status:
         end_process(_exit_status["code"])
 
 
