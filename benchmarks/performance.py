@@ -124,8 +124,9 @@ def e2e_rows(result_set: str, backend: str | None = None) -> list[dict]:
 
 
 def e2e_table(entry: dict) -> list[str]:
-    rows = e2e_rows(entry["set"], entry.get("backend"))
-    peers = sorted({peer_name(p, entry.get("backend")) for r in rows for p in r["peers"]})
+    backend = entry.get("backend")
+    rows = e2e_rows(entry["set"], backend)
+    peers = sorted({peer_name(p, backend) for r in rows for p in r["peers"]})
     lines = [f"#### {entry['workload']}, {entry['link']} ({_link(entry['set'])})", "",
              f"{rows[0]['rounds']} rounds; the fastest peer to dense's target loss: "
              f"{', '.join(peers)}. Lower is faster for time to target.", "",
@@ -146,11 +147,12 @@ def readme_table(entries: list[dict]) -> list[str]:
              "vs dense | vs the fastest alternative | final loss vs dense | result set |",
              "|---|---|---|---:|---:|---:|---|"]
     for entry in entries:
-        rows = {r["method"]: r for r in e2e_rows(entry["set"], entry.get("backend"))}
+        backend = entry.get("backend")
+        rows = {r["method"]: r for r in e2e_rows(entry["set"], backend)}
         ours = [rows[m] for m in entry["gravac"] if m in rows]
         best = min(ours, key=lambda r: max((v for v in r["ttt"] if v is not None),
                                            default=float("inf")))
-        peer = sorted({peer_name(p, entry.get("backend")) for p in best["peers"]})
+        peer = sorted({peer_name(p, backend) for p in best["peers"]})
         lines.append(f"| {entry['workload']} | {entry['link']} | `{best['method']}` | "
                      f"{_ratio(best['ttt'])} | {_ratio(best['vs_peer'])} "
                      f"({', '.join(peer)}) | {_pct(best['loss'])} | "
@@ -175,14 +177,15 @@ def choose_table(entries: list[dict]) -> list[str]:
              "alternative (median of the rounds) | use | result set |",
              "|---|---|---|---:|---|---|"]
     for entry in entries:
-        rows = e2e_rows(entry["set"], entry.get("backend"))
+        backend = entry.get("backend")
+        rows = e2e_rows(entry["set"], backend)
         ours = min((r for r in rows if r["method"] in entry["gravac"]),
                    key=lambda r: _median(r["ttt"]))
         peer = min((r for r in rows if r["method"] in PEERS), key=lambda r: _median(r["ttt"]))
         versus = _median(ours["vs_peer"])
-        against = ", ".join(sorted({peer_name(p, entry.get("backend")) for p in ours["peers"]}))
+        against = ", ".join(sorted({peer_name(p, backend) for p in ours["peers"]}))
         use = f"gravac (`{ours['method']}`)" if versus <= 1.0 else \
-            peer_name(peer["method"], entry.get("backend"))
+            peer_name(peer["method"], backend)
         lines.append(f"| {entry['workload']} | {entry['link']} | `{ours['method']}` | "
                      f"{'never' if versus == float('inf') else f'{versus:.2f}x'} "
                      f"({against}) | {use} | {_link(entry['set'])} |")
