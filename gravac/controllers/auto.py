@@ -92,7 +92,7 @@ from typing import Mapping, Sequence
 
 from ..util import sizes
 from .base import SENT_DENSE, SENT_MIN, Controller, StepPlan, StepRecord, Sync
-from .gravac import default_alpha
+from .gravac import DECIDE_RULES, default_alpha
 from .ladder import build_ladder
 from .methods import Method
 from .split import LayerGain, compressed_layers, measured_gain
@@ -142,6 +142,12 @@ class Auto(Controller):
         switch_margin: at a re-check, the method that was running stays while it is
             eligible and its score is within this fraction of the best (>= 0; 0: the
             best score always wins). Scores of one method measured again differ by 3-5%.
+        decide: which gains decide whether a compressed method's step sends dense:
+            ``"previous"`` (default: the smoothed gain up to the previous step, so the
+            level is known before the step and its exchange starts without waiting for
+            the gains' allreduce, which runs beside it; GraVAC's E7) or ``"current"``
+            (this step's agreed gain, GraVAC's Algorithm 1: one more round before the
+            exchange). A trial sends its method in every step either way.
     """
 
     def __init__(self, methods: list[str] | None = None, epsilon: float = 0.7,
@@ -149,7 +155,7 @@ class Auto(Controller):
                  recheck_within: float = 0.15, tolerance: float = 0.1,
                  alpha: float | None = None, split_layers: bool = False,
                  epsilon_low_rank: float | None = None,
-                 switch_margin: float = SWITCH_MARGIN):
+                 switch_margin: float = SWITCH_MARGIN, decide: str = "previous"):
         def bad(name, value, allowed):
             return ValueError(f"Auto({name}={value!r}): {allowed}")
         texts = list(DEFAULT_METHODS if methods is None else methods)
@@ -184,6 +190,8 @@ class Auto(Controller):
             raise bad("alpha", alpha, "must be in (0, 1] or None")
         if not isinstance(split_layers, bool):
             raise bad("split_layers", split_layers, "must be true or false")
+        if decide not in DECIDE_RULES:
+            raise bad("decide", decide, f"must be one of {', '.join(DECIDE_RULES)}")
         self.method_texts = [m.key for m in parsed]
         self.epsilon, self.trial_steps, self.settle_steps = epsilon, trial_steps, settle_steps
         self.recheck_every, self.recheck_within = recheck_every, recheck_within
@@ -191,6 +199,7 @@ class Auto(Controller):
         self.split_layers = split_layers
         self.epsilon_low_rank = epsilon_low_rank
         self.switch_margin = switch_margin
+        self.decide_rule = decide
         self.candidates: list[Method] = parsed
         self._by_key = {m.key: m for m in parsed}
         self._layers: list[str] = []
@@ -251,16 +260,31 @@ class Auto(Controller):
         m = self._method(self._s["current"])
         if m.dense:
             return StepPlan(theta_min=1.0, method=m)
+        decided = self._decided()
         if m.kind == "powersgd":
             return StepPlan(theta_min=1.0, layer_rank=dict.fromkeys(self._layers, m.rank),
-                            needs_gains=True, method=m)
+                            needs_gains=True, method=m, decided=decided)
         dense = self._dense_layers(self._s["current"])
         if dense:
             return StepPlan(theta_min=m.level, layer_cf=dict.fromkeys(dense, 1.0),
-                            needs_gains=True, method=m, method_name=self._s["current"])
+                            needs_gains=True, method=m, method_name=self._s["current"],
+                            decided=decided)
         return StepPlan(theta_min=m.level, theta_c=self._next_cf(m), needs_gains=True,
-                        method=m, layer_gains=self.split_layers and
+                        method=m, decided=decided, layer_gains=self.split_layers and
                         m.exchange_for(self._world, self._exchange) != "hierarchical")
+
+    def _decided(self) -> str | None:
+        """What a compressed method's step sends, when known before the step (None: the
+        step's own gains decide, ``decide="current"``). A trial sends its method; a run
+        falls back to dense while the smoothed gain up to the previous step is below ε
+        (``decide="previous"``). Known before the step, the level lets the exchange start
+        at once: the gains' allreduce runs beside it instead of before it."""
+        s = self._s
+        if s["phase"] == "trial":
+            return SENT_MIN
+        if self.decide_rule == "current" or s["delta"] is None:
+            return None
+        return SENT_MIN if s["delta"] >= self._epsilon(s["current"]) else SENT_DENSE
 
     def observe_layer_gains(self, rows: Mapping[str, tuple[float, float, float]]) -> None:
         """Sums the agreed per-layer energies over the phase's steps: what a split is
@@ -922,7 +946,8 @@ class Auto(Controller):
                 **({"epsilon_low_rank": self.epsilon_low_rank}
                    if self.epsilon_low_rank is not None else {}),
                 **({"switch_margin": self.switch_margin}
-                   if self.switch_margin != SWITCH_MARGIN else {})}
+                   if self.switch_margin != SWITCH_MARGIN else {}),
+                **({"decide": self.decide_rule} if self.decide_rule != "previous" else {})}
 
     def __repr__(self) -> str:
         return f"Auto(methods={self.method_texts})"
