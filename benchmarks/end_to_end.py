@@ -164,11 +164,11 @@ METHODS: dict[str, tuple[str, list[str]]] = {
     "gravac_auto_split_no_switch_margin": ("auto.yaml", [
         "compression.auto.recheck_every=100", "compression.auto.split_layers=true",
         "compression.auto.switch_margin=0"]),
-    # The same with the paper's per-step rule in a run (compression.auto.decide=current):
-    # the step's own gains decide whether it falls back to dense, so its exchange waits
-    # for the gains' allreduce (the default decides from the gains up to the previous step).
-    "gravac_auto_decide_current": ("auto.yaml", ["compression.auto.recheck_every=100",
-                                                 "compression.auto.decide=current"]),
+    # The same deciding a run's fallback to dense on the smoothed gain up to the previous
+    # step (compression.auto.decide=previous, GraVAC's E7): its exchange does not wait for
+    # the gains' allreduce.
+    "gravac_auto_decide_previous": ("auto.yaml", ["compression.auto.recheck_every=100",
+                                                  "compression.auto.decide=previous"]),
     # The same without overlap (auto.yaml overlaps the steps of dense, fp16 and sparse).
     "gravac_auto_no_overlap": ("auto.yaml", ["compression.auto.recheck_every=100",
                                              "compression.overlap=false"]),

@@ -142,12 +142,12 @@ class Auto(Controller):
         switch_margin: at a re-check, the method that was running stays while it is
             eligible and its score is within this fraction of the best (>= 0; 0: the
             best score always wins). Scores of one method measured again differ by 3-5%.
-        decide: which gains decide whether a compressed method's step sends dense:
-            ``"previous"`` (default: the smoothed gain up to the previous step, so the
-            level is known before the step and its exchange starts without waiting for
-            the gains' allreduce, which runs beside it; GraVAC's E7) or ``"current"``
-            (this step's agreed gain, GraVAC's Algorithm 1: one more round before the
-            exchange). A trial sends its method in every step either way.
+        decide: which gains decide whether a chosen compressed method's step falls back
+            to dense: ``"current"`` (this step's agreed gain, GraVAC's Algorithm 1: its
+            exchange waits for the gains' allreduce) or ``"previous"`` (the smoothed gain
+            up to the previous step, GraVAC's E7: the exchange starts at once and the
+            gains' allreduce runs beside it). A trial sends its method in every step, so
+            its exchange never waits for the gains.
     """
 
     def __init__(self, methods: list[str] | None = None, epsilon: float = 0.7,
@@ -155,7 +155,7 @@ class Auto(Controller):
                  recheck_within: float = 0.15, tolerance: float = 0.1,
                  alpha: float | None = None, split_layers: bool = False,
                  epsilon_low_rank: float | None = None,
-                 switch_margin: float = SWITCH_MARGIN, decide: str = "previous"):
+                 switch_margin: float = SWITCH_MARGIN, decide: str = "current"):
         def bad(name, value, allowed):
             return ValueError(f"Auto({name}={value!r}): {allowed}")
         texts = list(DEFAULT_METHODS if methods is None else methods)
@@ -947,7 +947,7 @@ class Auto(Controller):
                    if self.epsilon_low_rank is not None else {}),
                 **({"switch_margin": self.switch_margin}
                    if self.switch_margin != SWITCH_MARGIN else {}),
-                **({"decide": self.decide_rule} if self.decide_rule != "previous" else {})}
+                **({"decide": self.decide_rule} if self.decide_rule != "current" else {})}
 
     def __repr__(self) -> str:
         return f"Auto(methods={self.method_texts})"

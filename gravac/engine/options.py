@@ -65,7 +65,8 @@ class GravacOptions:
         "still runs; step() then waits for them. Bit for bit the same parameters as without "
         "it for Static and Accordion; GraVAC overlaps its compressed layers with "
         "decide: previous only. Under controller auto the steps of methods whose exchange "
-        "overlaps (dense, fp16, sparse on allgather) overlap; PowerSGD's and "
+        "overlaps (dense, fp16, sparse on allgather) overlap, a sparse step's compressed "
+        "layers in its trials and with compression.auto.decide: previous; PowerSGD's and "
         "shared_index's run in step().")})
     bucket_cap_mb: float = field(default=25.0, metadata={"doc": (
         "With overlap, MiB of gradient per bucket (cut in reverse layer order, the same on "

@@ -130,6 +130,32 @@ def test_the_chosen_method_falls_back_to_dense_per_step_when_its_smoothed_gain_d
     assert auto.decide(0.8, None) == SENT_MIN
 
 
+@pytest.mark.parametrize("decide", ["current", "previous"])
+def test_a_plan_says_its_level_when_it_is_known_before_the_step(decide):
+    """A trial sends its method (SENT_MIN, known before the step); a run's level comes
+    from this step's gain under decide="current" (None), from the smoothed gain up to
+    the previous step under "previous"."""
+    auto = _auto(methods=["dense", "sparse:10"], alpha=1.0, decide=decide)
+    assert auto.plan(0).method.key == "dense" and auto.plan(0).decided is None
+    trial_plans = []
+    for step in range(6):
+        plan = auto.plan(step)
+        if auto._s["phase"] == "trial" and not plan.method.dense:
+            trial_plans.append(plan.decided)
+        _drive(auto, 1, {"dense": 1.0, "sparse:10": 0.5}.get, lambda k: 0.9)
+    assert trial_plans and set(trial_plans) == {SENT_MIN}
+    assert auto.current == "sparse:10" and auto._s["phase"] == "run"
+    auto.plan(6)
+    auto.decide(0.4, None)              # this step's gain: below ε (alpha 1)
+    auto.end_step(StepRecord(step=6, sent=SENT_DENSE, cf=1.0, gain=1.0, t_iter=0.5,
+                             samples=32, extra={"t_comm": 0.2}), LocalSync())
+    expected = {"current": None, "previous": SENT_DENSE}[decide]
+    assert auto.plan(7).decided == expected
+    assert auto.describe().get("decide") == ("previous" if decide == "previous" else None)
+    with pytest.raises(ValueError, match="decide"):
+        Auto(decide="next")
+
+
 def test_a_trial_sends_its_method_in_every_step_whatever_its_smoothed_gain():
     """A trial whose first gain is below ε, but within recheck_within of it (the smoothed
     gain, at GraVAC's small alpha, stays below ε for the whole trial), still sends its

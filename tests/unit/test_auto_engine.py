@@ -236,3 +236,47 @@ def test_per_layer_gains_are_the_ranks_sums_and_a_split_sends_its_layers_dense()
             assert torch.count_nonzero(after[dense]) == 0
             torch.testing.assert_close(synced[dense], mean, rtol=0, atol=1e-7)
             assert torch.count_nonzero(after[names[1]]) > 0        # compressed: residual
+
+
+@pytest.mark.parametrize("decide", ["current", "previous"])
+def test_a_step_whose_level_is_known_starts_its_exchange_before_the_gains(decide):
+    """A trial's level is known before the step (it sends its method), and so is a run's
+    under decide="previous": the exchange (PowerSGD's Q round) is issued before the
+    gains' allreduce. Under decide="current" a run's Q round waits for the gains. Where
+    the smoothed gain never falls below ε both rules send the same: the parameters are
+    the same bit for bit."""
+    def job(comm):
+        issued = []
+        collective = comm._collective
+
+        def record(kind, name, value, combine):
+            issued.append(name)
+            return collective(kind, name, value, combine)
+        comm._collective = record
+        model = _model()
+        opt, ctrl = _optimizer(comm, model, methods=["dense", "powersgd:4"],
+                               epsilon=1e-6, recheck_every=1000, decide=decide)
+        gen = torch.Generator().manual_seed(comm.rank + 1)
+        order = []
+        for step in range(14):
+            if step == 9:                # after the trials: a run of PowerSGD, whatever won
+                assert "powersgd:4" in ctrl.table
+                ctrl._switch("powersgd:4", "run")
+            phase = ctrl._s["phase"]
+            issued.clear()
+            opt.zero_grad()
+            _backward(model, gen)
+            opt.step()
+            if opt.last_stats.method == "powersgd:4":
+                q = next(i for i, n in enumerate(issued) if ".lowrank.q" in n)
+                gains = next(i for i, n in enumerate(issued) if n.endswith(".gains"))
+                order.append((phase, "exchange first" if q < gains else "gains first"))
+        return order, [p.detach().clone() for p in model.parameters()]
+    runs = {rule: run_ranks(2, job) for rule in ("current", "previous")}
+    order = runs[decide][0][0]
+    assert ("trial", "exchange first") in order and ("run", "exchange first"
+                                                      if decide == "previous" else
+                                                      "gains first") in order
+    assert all(o == "exchange first" for phase, o in order if phase == "trial")
+    for a, b in zip(runs["current"][0][1], runs["previous"][0][1]):
+        assert torch.equal(a, b)
