@@ -28,9 +28,8 @@ How it explores, cheaply:
   latency or the CPU dominates the waits (loopback, few cores) the bound is no lower
   bound, and it once priced dense out where dense was the fastest.
 * **Probes.** Two trials measure one step (a probe) instead of ``trial_steps``: the
-  calibration, and dense's where fp16's measured step, less its casts, cannot beat the
-  other methods' best score (without settling). On a slow link they are the dearest
-  steps. Before the choice, a probed method that could still win (its step time divided
+  calibration, and dense's first (without settling). On a slow link they are the
+  dearest steps. Before the choice, a probed method that could still win (its step time divided
   by ``PROBE_NOISE``, the noise of one step, could beat the best score) runs a full trial.
 * **Re-checked.** After ``recheck_every`` steps of the chosen method, its entry is
   replaced by what those steps measured, and the methods whose score was within
@@ -663,18 +662,6 @@ class Auto(Controller):
         even at a gain of 1 and with ``tolerance`` (False when either is unknown)."""
         return bound > 0 and best > 0 and (1 + self.tolerance) / bound < best
 
-    def _dense_floor(self) -> float:
-        """Dense's step time as fp16's measured step less its packing (the casts), or 0
-        before fp16 was measured: dense runs the same local work and the same collectives
-        with twice fp16's bytes. Where the link bounds the step that is a lower bound; where
-        the CPU sums the values it may not be (fp16 sums can be slower per value), so it
-        only shortens dense's trial (``_trial_length``): on the LSTM at 100 Mbit/s that
-        trial took 5 steps of 3.5 s, against 0.2 s for the chosen method."""
-        e = self._s["table"].get("fp16")
-        if e is None or e["t"] is None:
-            return 0.0
-        return max(e["t"] - (e.get("t_pack") or 0.0), 0.0)
-
     def _trial_length(self) -> tuple[int, int]:
         """(settling, measured) steps of the current trial: ``settle_steps`` and
         ``trial_steps``, or a probe's one measured step.
@@ -682,23 +669,24 @@ class Auto(Controller):
         Two trials are probes: the run's first (the calibration: nothing is measured yet
         to say whether its method could win, and on a slow link it is among the dearest:
         fp16 at 1.77 s a step on the LSTM at 100 Mbit/s, against 0.17 s for the method
-        chosen), and dense's where its floor (``_dense_floor``) cannot beat the best score
-        of the other methods. Dense's probe does not settle: its first step after other
-        methods measured 0.96-1.12x the median of its trial's later steps (the LSTM,
-        ResNet-18 and wide CNN cells' trials). A probe that may still win is run again in
-        full before the choice (``_probe_to_confirm``). Read from the agreed table and
-        step counts: the same on every rank."""
+        chosen), and dense's first. Dense is never pruned by a prediction (the floor every
+        choice is measured against), and on a slow link its steps are the dearest of all:
+        its full trial was most of what exploring cost on ResNet-18 at 1 Gbit/s (5 steps
+        of 0.84 s against fp16's 0.48 s). Dense's probe does not settle: its first step
+        after other methods measured 0.96-1.12x the median of its trial's later steps
+        (the LSTM, ResNet-18 and wide CNN cells' trials). A probe that may still win is
+        run again in full before the choice (``_probe_to_confirm``), so where dense is the
+        fastest it costs one step more. A re-check runs dense again only when its score
+        was close to the best: in full. Read from the agreed table and step counts: the
+        same on every rank."""
         s = self._s
-        full = (self.settle_steps, self.trial_steps)
         if s.get("confirming"):
-            return full
+            return self.settle_steps, self.trial_steps
         if not s["table"]:
             return self.settle_steps, 1
-        if s["current"] == "dense":
-            others = max((self._score(k) for k in s["table"] if k != "dense"), default=0.0)
-            if self._cannot_win(self._dense_floor(), others):
-                return 0, 1
-        return full
+        if s["current"] == "dense" and "dense" not in s["table"]:
+            return 0, 1
+        return self.settle_steps, self.trial_steps
 
     def _probing(self) -> bool:
         return self._trial_length() != (self.settle_steps, self.trial_steps)
@@ -839,7 +827,7 @@ class Auto(Controller):
         local time), scaling fp16's wait up to dense's bytes priced dense above its real
         step: on loopback it pruned dense, the fastest method there, and the choice ran
         at 0.3x dense. So dense, the floor every choice is measured against, is never
-        pruned by it: one trial, shortened where fp16's measured step rules it out."""
+        pruned by it: its first trial is a probe, run in full where it could win."""
         seen = [(k, e) for k, e in self._s["table"].items()
                 if e["t"] is not None and e["t_comm"] is not None]
         rates = [e["t_comm"] / self.wire_bytes(k) for k, e in seen

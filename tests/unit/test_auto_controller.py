@@ -247,18 +247,20 @@ def test_wire_bytes_follow_the_size_arithmetic():
 
 
 def test_recheck_measures_the_run_and_tries_the_close_methods_again():
-    """A fast link (waits 5% of a step): dense's bound may win, so it runs a full trial
-    after fp16's probe calibrated the link (the sparse CF, predicted faster, first); fp16,
-    the best, then runs its full trial before the choice."""
+    """A fast link (waits 5% of a step): after fp16's probe calibrated the link (the
+    sparse CF, predicted faster, first), dense's probe may win, and so may fp16's: both
+    run a full trial before the choice, fp16, the best, first. The re-check runs dense,
+    within 15% of fp16's score, in full at once (its entry is a full trial's)."""
     auto = _auto(world=2, methods=["dense", "fp16", "sparse:10"], recheck_every=4)
     times = {"dense": 1.0, "fp16": 0.9, "sparse:10": 2.0}
-    ran = _drive(auto, 11 + 4 + 3, times.get, lambda k: 0.9, comm=0.05)
-    assert ran[:11] == ["fp16"] * 2 + ["sparse:10"] * 3 + ["dense"] * 3 + ["fp16"] * 3
-    assert ran[11:15] == ["fp16"] * 4                     # the choice runs
+    ran = _drive(auto, 12 + 4 + 3, times.get, lambda k: 0.9, comm=0.05)
+    assert ran[:12] == ["fp16"] * 2 + ["sparse:10"] * 3 + ["dense"] + ["fp16"] * 3 + \
+        ["dense"] * 3
+    assert ran[12:16] == ["fp16"] * 4                     # the choice runs
     # The re-check: dense is within 15% of fp16's score, sparse:10 (score 0.45) is not.
-    assert ran[15:18] == ["dense"] * 3
+    assert ran[16:19] == ["dense"] * 3
     measured = [d["method"] for d in auto.decisions if d["event"] == "measured"]
-    assert measured == ["fp16", "sparse:10", "dense", "fp16", "fp16", "dense"]
+    assert measured == ["fp16", "sparse:10", "dense", "fp16", "dense", "fp16", "dense"]
 
 
 @pytest.mark.parametrize("t_pack", [0.0, 0.15])
@@ -266,17 +268,19 @@ def test_the_bound_leaves_out_the_packing_and_never_prunes_the_floor(t_pack):
     """fp16 measured at 1 s, 0.05 s of waits and 0.15 s casting to and from fp16: dense's
     bound is fp16's local time without the casts plus twice its waits (0.9 s with the
     casts left out, 1.05 s without them). The second would prune it (tolerance 0), but
-    dense, the floor, is measured whatever its bound says."""
+    dense, the floor, is measured whatever its bound says: a probe, then in full, as
+    its probed step could win."""
     auto = _auto(world=2, methods=["dense", "fp16"], tolerance=0.0)
     ran = []
-    for step in range(6):
+    for step in range(9):
         if step == 2:        # fp16's probe measured: dense's bound
             assert auto._predicted("dense") == pytest.approx(1.0 - 0.05 - t_pack + 0.1)
         ran.append(auto.plan(step).method.key)
         auto.end_step(StepRecord(step=step, sent=SENT_MIN, cf=1.0, gain=1.0, t_iter=1.0,
                                  samples=32, extra={"t_comm": 0.05, "t_pack": t_pack}),
                       LocalSync())
-    assert ran == ["fp16"] * 2 + ["dense"] * 3 + ["fp16"]    # then fp16's full trial
+    # fp16's probe, dense's, then both in full (fp16's first: the same score, listed first)
+    assert ran == ["fp16"] * 2 + ["dense"] + ["fp16"] * 3 + ["dense"] * 3
     assert not [d for d in auto.decisions if d["event"] == "pruned"]
 
 
@@ -284,22 +288,24 @@ def test_dense_runs_where_fp16s_step_is_no_slower_than_the_best_and_its_predicti
     """Loopback-like: every step CPU-bound, waits 90% of it. fp16's waits scaled to dense's
     bytes predict dense at 0.05 + 2 x 0.495 = 1.04 s, which could not beat sparse:10's
     score (0.9 / 0.5 = 1.8); but fp16's measured 0.55 s, the floor's bound, could
-    ((1 + 0.1) / 0.55 = 2.0): dense runs, and wins (after fp16's probe, close to dense's
-    score, ran its full trial)."""
+    ((1 + 0.1) / 0.55 = 2.0): dense's probe runs, could win, runs in full, and wins (after
+    fp16's probe, close to dense's score, ran its full trial)."""
     auto = _auto(world=2, methods=["dense", "fp16", "sparse:10"])
     times = {"dense": 0.45, "fp16": 0.55, "sparse:10": 0.5}
     ran = _drive(auto, 5, times.get, lambda k: 0.9, comm=0.9)
     assert auto._predicted("dense") == pytest.approx(0.05 + 2 * 0.495)
-    ran += _drive(auto, 3 + 3 + 1, times.get, lambda k: 0.9, comm=0.9)
-    assert ran == ["fp16"] * 2 + ["sparse:10"] * 3 + ["dense"] * 3 + ["fp16"] * 3 + ["dense"]
+    ran += _drive(auto, 1 + 3 + 3 + 1, times.get, lambda k: 0.9, comm=0.9)
+    assert ran == ["fp16"] * 2 + ["sparse:10"] * 3 + ["dense"] + ["dense"] * 3 + \
+        ["fp16"] * 3 + ["dense"]
     assert auto.current == "dense" and auto.phase == "run"
 
 
 def test_a_dense_trial_that_fp16_rules_out_is_a_probe_and_dense_still_wins_if_fast():
     """fp16 measured 0.8 s (its sums slower per value than fp32's, as Horovod's on a fast
-    link): its floor says dense cannot beat sparse:10 (0.9 / 0.3 s = 3 > 1.1 / 0.8), so
-    dense is probed: one step, without settling. That step takes 0.25 s (score 4): dense
-    may win, so it runs a full trial before the choice, and wins."""
+    link): dense's same local work at twice fp16's bytes could not beat sparse:10 (0.9 /
+    0.3 s = 3 > 1.1 / 0.8), but dense is probed all the same (every first dense trial is):
+    one step, without settling. That step takes 0.25 s (score 4): dense may win, so it
+    runs a full trial before the choice, and wins."""
     auto = _auto(world=2, methods=["dense", "fp16", "sparse:10"])
     ran = _drive(auto, 2 + 3 + 1 + 3 + 1, {"dense": 0.25, "fp16": 0.8, "sparse:10": 0.3}.get,
                  lambda k: 0.9)
@@ -335,8 +341,8 @@ def _recheck_between_fp16_and_dense(t_dense_later: float, **kw) -> tuple[Auto, l
         calls[key] += 1
         if key == "fp16":
             return 0.9 if calls[key] <= 5 else 1.0     # probe 2 + confirmation 3, then the run
-        return 1.0 if calls[key] <= 3 else t_dense_later
-    ran = _drive(auto, 2 + 3 + 3 + 4 + 3 + 2, time_of, lambda k: 1.0, comm=0.05)
+        return 1.0 if calls[key] <= 4 else t_dense_later   # probe 1 + confirmation 3
+    ran = _drive(auto, 2 + 1 + 3 + 3 + 4 + 3 + 2, time_of, lambda k: 1.0, comm=0.05)
     return auto, ran
 
 
@@ -347,11 +353,11 @@ def _recheck_between_fp16_and_dense(t_dense_later: float, **kw) -> tuple[Auto, l
 def test_a_recheck_switches_only_to_a_score_beyond_switch_margin(margin, t_dense_later, kept):
     kw = {} if margin is None else {"switch_margin": margin}
     auto, ran = _recheck_between_fp16_and_dense(t_dense_later, **kw)
-    assert ran[:12] == ["fp16"] * 2 + ["dense"] * 3 + ["fp16"] * 3 + ["fp16"] * 4
-    assert ran[12:15] == ["dense"] * 3                    # the re-check's trial
+    assert ran[:13] == ["fp16"] * 2 + ["dense"] + ["fp16"] * 3 + ["dense"] * 3 + ["fp16"] * 4
+    assert ran[13:16] == ["dense"] * 3                    # the re-check's trial
     chosen = [d for d in auto.decisions if d["event"] == "chosen"]
     assert [d["method"] for d in chosen] == ["fp16", "fp16" if kept else "dense"]
-    assert ran[15:] == ["fp16" if kept else "dense"] * 2
+    assert ran[16:] == ["fp16" if kept else "dense"] * 2
     assert "reason" not in chosen[0]                      # the first choice has no incumbent
     if kept:
         assert chosen[1]["reason"] == "within switch_margin=0.05 of dense's score 1.031"
@@ -368,7 +374,7 @@ def test_switch_margin_resumes_mid_recheck_and_old_checkpoints_still_load():
     b = _auto(world=2, methods=["dense", "fp16"], recheck_every=4)
     c = _auto(world=2, methods=["dense", "fp16"], recheck_every=4)
     times = {"dense": 1.0, "fp16": 0.9}
-    _drive(b, 13, times.get, lambda k: 1.0, comm=0.05)     # inside dense's re-check trial
+    _drive(b, 14, times.get, lambda k: 1.0, comm=0.05)     # inside dense's re-check trial
     assert b.phase == "trial" and b._s["incumbent"] == "fp16"
     c.load_state_dict(b.state_dict())
     assert _drive(b, 30, times.get, lambda k: 1.0, comm=0.05) == \
@@ -425,9 +431,9 @@ def test_a_stale_entry_that_could_win_at_a_higher_gain_is_measured_again():
     gains = {"powersgd:4": iter([0.9] * 3 + [0.6] * 100),
              "sparse:10": iter([0.65] * 3 + [0.95] * 100)}
     ran = _drive(auto, 30, times.get, lambda k: next(gains[k]))
-    assert ran[:11] == ["fp16"] * 2 + ["dense"] * 3 + ["powersgd:4"] * 3 + ["sparse:10"] * 3
-    assert ran[11:14] == ["fp16"] * 3             # fp16's probe may win: its full trial
-    assert ran[18:24] == ["fp16"] * 3 + ["sparse:10"] * 3     # the re-check's two trials
+    assert ran[:9] == ["fp16"] * 2 + ["dense"] + ["powersgd:4"] * 3 + ["sparse:10"] * 3
+    assert ran[9:12] == ["fp16"] * 3              # fp16's probe may win: its full trial
+    assert ran[16:22] == ["fp16"] * 3 + ["sparse:10"] * 3     # the re-check's two trials
     chosen = [d["method"] for d in auto.decisions if d["event"] == "chosen"]
     assert chosen == ["powersgd:4", "sparse:10"]
     assert auto.table["sparse:10"]["gain"] == pytest.approx(0.95)
