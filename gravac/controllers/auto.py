@@ -29,8 +29,9 @@ How it explores, cheaply:
   bound, and it once priced dense out where dense was the fastest.
 * **Probes.** Two trials measure one step (a probe) instead of ``trial_steps``: the
   calibration, and dense's first (without settling). On a slow link they are the
-  dearest steps. Before the choice, a probed method that could still win (its step time divided
-  by ``PROBE_NOISE``, the noise of one step, could beat the best score) runs a full trial.
+  dearest steps. Before the choice, a probed method that could still win (its step time
+  divided by ``PROBE_NOISE``, the noise of one step, could beat the best score) runs a
+  full trial.
 * **Re-checked.** After ``recheck_every`` steps of the chosen method, its entry is
   replaced by what those steps measured, and the methods whose score was within
   ``recheck_within`` of the best run a trial again, with the next sparse CF when the
