@@ -42,6 +42,15 @@ def _read_json(path: Path, what: str, kind: str) -> dict:
     return data
 
 
+def _shown(path: Path) -> Path:
+    """``path`` as a page names it: from the repository's root when inside it (a page
+    must not carry the machine's own directories)."""
+    try:
+        return path.resolve().relative_to(REPO)
+    except ValueError:
+        return path
+
+
 def _write(path: Path | None, text: str) -> None:
     if path is None:
         print(text)
@@ -280,7 +289,7 @@ def cmd_project(args) -> int:
         if args.plot_dir:
             path = Path(args.plot_dir) / f"scaling_{model.name}.png"
             plot_projection(p, path)
-            parts.append(f"Plot: `{path}`\n")
+            parts.append(f"Plot: `{_shown(path)}`\n")
     _write(args.out, "\n".join(parts))
     if args.json:
         _write(args.json, json.dumps({"kind": "gravac.scaling.projection",
