@@ -111,6 +111,8 @@ PROBE_NOISE = 1.5
 #: ``switch_margin``'s default: how much better than the running method's score another
 #: method's must be for a re-check to switch (``Auto._choose``).
 SWITCH_MARGIN = 0.05
+#: ``decide``'s default: the step's own gains decide its fall-back (Algorithm 1).
+DECIDE = "current"
 #: A split method's key: its sparse CF's, then this (``split_layers``).
 SPLIT = "/split"
 
@@ -155,7 +157,7 @@ class Auto(Controller):
                  recheck_within: float = 0.15, tolerance: float = 0.1,
                  alpha: float | None = None, split_layers: bool = False,
                  epsilon_low_rank: float | None = None,
-                 switch_margin: float = SWITCH_MARGIN, decide: str = "current"):
+                 switch_margin: float = SWITCH_MARGIN, decide: str = DECIDE):
         def bad(name, value, allowed):
             return ValueError(f"Auto({name}={value!r}): {allowed}")
         texts = list(DEFAULT_METHODS if methods is None else methods)
@@ -936,7 +938,7 @@ class Auto(Controller):
                    if self.epsilon_low_rank is not None else {}),
                 **({"switch_margin": self.switch_margin}
                    if self.switch_margin != SWITCH_MARGIN else {}),
-                **({"decide": self.decide_rule} if self.decide_rule != "current" else {})}
+                **({"decide": self.decide_rule} if self.decide_rule != DECIDE else {})}
 
     def __repr__(self) -> str:
         return f"Auto(methods={self.method_texts})"
