@@ -229,8 +229,8 @@ def measure_all(model_name: str, methods: list[str], device, steps: int, warmup:
     method is built first and warmed up; then ``rounds`` rounds each train every method
     for its share of ``steps`` in turn, so that a drift of the host's speed over the
     minutes a run takes touches every method alike. With ``profile`` (a folder), three
-    more ``opt.step()`` calls of each under torch's profiler, written to
-    ``profile/<model>_<method>.txt``."""
+    more ``opt.step()`` calls of each under torch's profiler and three under cProfile,
+    written to ``profile/<model>_<method>.txt``."""
     setups = [_setup(model_name, method, device, small) for method in methods]
     for setup in setups:
         _steps(setup, device, warmup, record=False)
@@ -271,6 +271,7 @@ def _profile(model, opt, batches, kind, device, path: Path) -> None:
                 opt.step()
             _sync(device)
     averages = prof.key_averages()
+    python_table = _python_profile(model, opt, batches, kind, device)
     path.parent.mkdir(parents=True, exist_ok=True)
     by_device = ""
     if device.type == "cuda":
@@ -283,7 +284,31 @@ def _profile(model, opt, batches, kind, device, path: Path) -> None:
     path.write_text(by_device + "\n\nby host time\n"
                     + averages.table(sort_by="self_cpu_time_total", row_limit=30)
                     + "\n\nevery operator, by count\n"
-                    + averages.table(sort_by="count", row_limit=-1))
+                    + averages.table(sort_by="count", row_limit=-1)
+                    + "\n\nopt.step's Python, by own time (cProfile, three more steps)\n"
+                    + python_table)
+
+
+def _python_profile(model, opt, batches, kind, device) -> str:
+    """Three more ``opt.step()`` calls under cProfile, alone (torch's profiler off): where
+    the host's time goes function by function, the launches of torch's operators
+    included, since a GPU step whose kernels are short waits on the host."""
+    import cProfile
+    import io
+    import pstats
+    profiler = cProfile.Profile()
+    for x, y in batches[:3]:
+        opt.zero_grad()
+        out = model(x)
+        F.cross_entropy(out if kind == "image" else out[0], y).backward()
+        _sync(device)
+        profiler.enable()
+        opt.step()
+        _sync(device)
+        profiler.disable()
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(60)
+    return text.getvalue()
 
 
 def table(results: dict, device_name: str) -> str:
@@ -317,7 +342,8 @@ def main() -> int:
     parser.add_argument("--small", action="store_true", help="tiny models (CPU tests)")
     parser.add_argument("--json", type=Path, help="write every median here")
     parser.add_argument("--profile", type=Path, metavar="DIR",
-                        help="also write a profile of three steps of each run into DIR")
+                        help="also write profiles of each run into DIR: torch's operators "
+                             "over three steps, opt.step's Python over three more")
     args = parser.parse_args()
     device = torch.device(args.device)
     exit_without_cuda("gpu_step.py", device, "use --device cpu --small to try it on a CPU")

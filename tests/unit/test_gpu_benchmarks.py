@@ -62,3 +62,15 @@ def test_gpu_step_refuses_cuda_without_a_gpu_in_one_line():
     if "sees no CUDA GPU" not in proc.stderr:
         pytest.skip("this machine sees a CUDA GPU: nothing to refuse")
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_the_profile_names_the_engine_functions_the_host_spends_its_step_in(tmp_path):
+    """--profile: torch's operator tables, then opt.step's Python function by function
+    (cProfile over three more steps), where the engine's own functions show by name."""
+    import torch
+    gpu_step.measure_all("lstm", ["topk10"], torch.device("cpu"), steps=2, warmup=1,
+                         rounds=1, small=True, profile=tmp_path)
+    text = (tmp_path / "lstm_topk10.txt").read_text()
+    assert "by host time" in text and "every operator, by count" in text
+    python = text.split("opt.step's Python, by own time")[1]
+    assert "gravac/engine/optimizer.py" in python and "ncalls" in python
