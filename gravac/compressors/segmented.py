@@ -69,6 +69,7 @@ class _Plan(NamedTuple):
     kept: int
     size_t: torch.Tensor        # each layer's size, on the device
     offset_t: torch.Tensor      # each layer's first entry in the flat buffer
+    end_t: torch.Tensor         # each layer's end (its last entry + 1) in the flat buffer
     rank_t: torch.Tensor        # [threshold's column in the sorted sample, rank <= S]
     k_t: torch.Tensor
     within: torch.Tensor        # each kept entry's place in its layer's take, minus its start
@@ -99,7 +100,7 @@ def _plan(sizes: tuple[int, ...], ks: tuple[int, ...], device) -> _Plan:
                           dtype=torch.int64).to(device)
     take_start = torch.cumsum(k_t, 0) - k_t
     within = torch.arange(kept, device=device) - repeat_by_counts(take_start, k_t, kept)
-    plan = _Plan(offsets, total, kept, size_t, offset_t, rank_t, k_t, within,
+    plan = _Plan(offsets, total, kept, size_t, offset_t, offset_t + size_t, rank_t, k_t, within,
                  repeat_by_counts(offset_t, k_t, kept))
     if len(_PLANS) >= _MAX_PLANS:
         _PLANS.pop(next(iter(_PLANS)))
@@ -146,16 +147,19 @@ def segmented_topk(xs: list[torch.Tensor], ks: list[int], seed: int = 0,
     # 3. candidates: entries at or above their layer's threshold
     spread = repeat_by_counts(thresholds, size_t, plan.total)
     candidates = torch.ge(mags, spread).nonzero().view(-1)                 # sync 1
-    # 4. candidates per layer: enough everywhere?
-    layer_of = torch.searchsorted(plan.offset_t, candidates, right=True) - 1
-    counts = torch.bincount(layer_of, minlength=layers)
+    # 4. candidates per layer: enough everywhere? nonzero's positions increase, so each
+    # layer's candidates are one run, bounded by where its start and end fall among them
+    # (not torch.bincount: on a GPU it reads its largest value back to the host, and its
+    # histogram of millions of candidates into a few hundred bins took 0.34 ms on an H200)
+    run_start = torch.searchsorted(candidates, plan.offset_t)
+    counts = torch.searchsorted(candidates, plan.end_t) - run_start
     if bool((counts < plan.k_t).any()):                                    # sync 2
         return None
     # 5. one sort by (layer, decreasing magnitude); the first k_l of each layer's run
+    layer_of = torch.searchsorted(plan.offset_t, candidates, right=True) - 1
     bits = mags.index_select(0, candidates).view(torch.int32).to(torch.int64)
     key = (layer_of << _MAG_BITS) + ((1 << _MAG_BITS) - 1 - bits)
     order = torch.sort(key).indices
-    run_start = torch.cumsum(counts, 0) - counts
     rank_pos = repeat_by_counts(run_start, plan.k_t, plan.kept) + plan.within
     chosen = candidates.index_select(0, order.index_select(0, rank_pos))
     return list((chosen - plan.local_shift).split(ks))
