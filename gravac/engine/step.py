@@ -502,9 +502,11 @@ class StepEngine:
             sent = self.exchange.settle(self.memory, selections, level)
         else:
             sent = []
+            if selections:      # g_ef whole into each gradient, then every residual zero
+                torch._foreach_copy_([s.layer.param.grad.view(-1) for s in selections],
+                                     [s.g_ef for s in selections])
+                self.memory.clear_all([s.layer.name for s in selections])
             for s in selections:
-                s.layer.param.grad.view(-1).copy_(s.g_ef)
-                self.memory.update(s.layer.name, s.g_ef, None)
                 dense.append(s.layer)
                 state.discarded_floats += s.select_floats
         if selections:

@@ -135,3 +135,27 @@ def test_rollback_step_restores_every_residual_the_step_changed():
     memory.begin_step()
     memory.rollback_step()                              # nothing since begin_step: no-op
     assert float(memory["a"].abs().sum()) == 0.0
+
+
+def test_clear_all_zeroes_every_residual_but_a_held_one_and_rolls_back():
+    """clear_all is update(name, g_ef, None) of each: the residuals zero (flagged zero, so
+    a flush skips them), a held residual untouched, and a rollback restores them all."""
+    memory = ResidualMemory()
+    memory.begin_step()
+    for name, values in (("a", [1.0, -2.0]), ("b", [3.0]), ("c", [4.0, 5.0, 6.0])):
+        g_ef = memory.compensate(name, torch.tensor(values))
+        memory.update(name, g_ef, SparseSent(torch.tensor([0]), g_ef[:1].clone()))
+    before = {n: memory[n].clone() for n in "abc"}
+    memory.begin_step(held={"c"})
+    g_efs = [memory.compensate(n, torch.ones(len(before[n]))) for n in "abc"]
+    assert torch.equal(g_efs[0], torch.tensor([1.0, -1.0]))     # read before the clear
+    memory.clear_all(["a", "b", "c"])
+    assert torch.equal(memory["a"], torch.zeros(2)) and torch.equal(memory["b"], torch.zeros(1))
+    assert torch.equal(memory["c"], before["c"])
+    grad = torch.full((2,), 7.0)
+    memory.flush_into("a", grad)                                # zero: nothing added
+    assert torch.equal(grad, torch.full((2,), 7.0))
+    memory.rollback_step()
+    assert all(torch.equal(memory[n], before[n]) for n in "abc")
+    with pytest.raises(KeyError, match="clear_all"):
+        memory.clear_all(["never"])
