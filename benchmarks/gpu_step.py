@@ -40,6 +40,15 @@ Models (``--models``): ``resnet101`` (CIFAR-10 images, batch 32), ``lstm`` (2 la
         [--json OUT]
 
 Runs on CPU too (``--device cpu --small``: tiny models, for the tests).
+
+``--comm torch`` under ``torchrun --nproc-per-node N``: the ranks share the one GPU and
+exchange over torch.distributed's gloo (NCCL refuses two ranks on one device), whose wire
+is the host: the exchange costs what a device-to-host copy and a loopback socket cost, so
+``auto`` meets a real trade-off between what a method saves on the wire and what its local
+work costs. Rank 0 prints and writes the JSON.
+
+    torchrun --standalone --nproc-per-node 2 benchmarks/gpu_step.py --comm torch \
+        --models lstm --methods dense topk10 auto --steps 100 --rounds 1
 """
 from __future__ import annotations
 
@@ -94,14 +103,19 @@ LAYERWISE = {"_layerwise_residual": (memory_module, "FLAT_UPDATE_MIN_LAYERS"),
 BPTT = 35
 
 
+#: The transport every optimizer is built over: the local one, or (``--comm torch``) the
+#: torch.distributed group of this process.
+COMM = [LocalComm()]
+
+
 def _optimizer(method: str, model: torch.nn.Module):
     sgd = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     if method == "plain":
         return sgd
     if method == "dense":
-        return wrap_optimizer(sgd, model.named_parameters(), LocalComm(), compressor="none")
+        return wrap_optimizer(sgd, model.named_parameters(), COMM[0], compressor="none")
     if method.startswith("powersgd4") or method == "auto":
-        opt = wrap_optimizer(sgd, model.named_parameters(), LocalComm(),
+        opt = wrap_optimizer(sgd, model.named_parameters(), COMM[0],
                              **(dict(compressor="powersgd", controller=Static(rank=4))
                                 if method != "auto" else dict(controller=Auto())))
         opt._engine.exact_phases = True
@@ -112,7 +126,7 @@ def _optimizer(method: str, model: torch.nn.Module):
     options = {"batch_layers": not method.endswith("_per_layer")}
     if method.endswith("_triton"):
         options.update(device_candidates="triton", device_direct_below=DEVICE_BATCH_MAX)
-    opt = wrap_optimizer(sgd, model.named_parameters(), LocalComm(), compressor="topk",
+    opt = wrap_optimizer(sgd, model.named_parameters(), COMM[0], compressor="topk",
                          compressor_options=options, controller=controller)
     opt._engine.exact_phases = True    # a device sync per phase boundary: the exact split
     return opt
@@ -220,7 +234,22 @@ def _medians(setup: Setup) -> dict:
     med["params"] = sum(p.numel() for p in setup.model.parameters())
     med["batch"] = setup.batch
     med["sent"] = sorted({r["sent"] for r in rows if r["sent"]})
+    # what the measured steps sent, in the order first sent (auto: its trials, then its
+    # choice), and the last step's
+    med["sent_steps"] = {}
+    for r in rows:
+        if r["sent"]:
+            med["sent_steps"][r["sent"]] = med["sent_steps"].get(r["sent"], 0) + 1
+    med["last_sent"] = rows[-1]["sent"] if rows else None
     return med
+
+
+def _sent_cell(m: dict) -> str:
+    """One method: its name; several (auto): each with its steps, then the last step's."""
+    steps = m.get("sent_steps") or {}
+    if len(steps) <= 1:
+        return "/".join(m["sent"]) or "-"
+    return ", ".join(f"{k} x{n}" for k, n in steps.items()) + f" -> {m['last_sent']}"
 
 
 def measure_all(model_name: str, methods: list[str], device, steps: int, warmup: int,
@@ -322,7 +351,7 @@ def table(results: dict, device_name: str) -> str:
             target = " (< 15%: " + ("met" if m["share"] < 0.15 else "MISSED") + ")"
         lines.append(
             f"| {model} | {m['batch']} | {m['params'] / 1e6:.1f}M | {method} | "
-            f"{'/'.join(m['sent']) or '-'} | {m['fwd_bwd']:.2f} | "
+            f"{_sent_cell(m)} | {m['fwd_bwd']:.2f} | "
             f"{m['compress']:.2f} | {m['rest']:.2f} | {m['step']:.2f} | "
             f"{100 * m['share']:.1f}%{target} | {m['t_select']:.2f} | {m['t_feedback']:.2f} | "
             f"{m['t_norms']:.2f} | {m['t_residual']:.2f} | {m['t_pack'] + m['t_unpack']:.2f} |")
@@ -341,6 +370,8 @@ def main() -> int:
                         help="the steps of every method in this many interleaved rounds")
     parser.add_argument("--small", action="store_true", help="tiny models (CPU tests)")
     parser.add_argument("--json", type=Path, help="write every median here")
+    parser.add_argument("--comm", choices=("local", "torch"), default="local",
+                        help="torch: the ranks of a torchrun launch share the GPU over gloo")
     parser.add_argument("--profile", type=Path, metavar="DIR",
                         help="also write profiles of each run into DIR: torch's operators "
                              "over three steps, opt.step's Python over three more")
@@ -350,23 +381,30 @@ def main() -> int:
     if args.small and any(m not in SMALL for m in args.models):
         print(f"gpu_step.py: --small knows {', '.join(SMALL)} only", file=sys.stderr)
         return 2
+    if args.comm == "torch":
+        from gravac.comm import init
+        COMM[0] = init("torch", gpu=False)       # gloo: every rank on the one GPU
     name = device_description(device)
+    lead = COMM[0].rank == 0                # the other ranks train alongside, silently
+    say = print if lead else (lambda *a, **k: None)
     results = {}
     for model in args.models:
         medians = measure_all(model, args.methods, device, args.steps, args.warmup,
                               max(1, args.rounds), args.small, args.profile)
         for method, m in medians.items():
             results[(model, method)] = m
-            print(f"{model} {method}: step {m['step']:.2f} ms, compression {m['compress']:.2f} ms "
-                  f"({100 * m['share']:.1f}%)", flush=True)
-    print(table(results, name))
-    if args.json:
+            say(f"{model} {method}: step {m['step']:.2f} ms, compression {m['compress']:.2f} ms "
+                f"({100 * m['share']:.1f}%)", flush=True)
+    say(table(results, name))
+    if args.json and lead:
         args.json.write_text(json.dumps({"device": name, "torch": torch.__version__,
                                          "steps": args.steps, "rounds": args.rounds,
                                          "results": [{"model": k[0], "method": k[1], **v}
                                                      for k, v in results.items()]}, indent=1))
+    COMM[0].close()          # torch.distributed: a barrier, then the group destroyed
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from gravac.comm import end_process
+    end_process(main())      # after gloo, without the interpreter's finalization

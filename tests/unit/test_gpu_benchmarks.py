@@ -1,5 +1,7 @@
 """benchmarks/gpu_step.py runs its methods on a CPU (--device cpu --small): the per-layer
 variants set their thresholds for their run only, and every row has its phases."""
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -74,3 +76,22 @@ def test_the_profile_names_the_engine_functions_the_host_spends_its_step_in(tmp_
     assert "by host time" in text and "every operator, by count" in text
     python = text.split("opt.step's Python, by own time")[1]
     assert "gravac/engine/optimizer.py" in python and "ncalls" in python
+
+
+def test_two_ranks_over_torch_distributed_train_together_and_rank_0_reports(tmp_path):
+    """--comm torch under torchrun: the ranks exchange over gloo, every method trains its
+    steps, rank 0 alone writes the JSON; auto's cell names what each step sent."""
+    out = tmp_path / "two.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         "benchmarks/gpu_step.py", "--comm", "torch", "--device", "cpu", "--small",
+         "--models", "lstm", "--methods", "dense", "auto", "--steps", "30", "--warmup", "2",
+         "--rounds", "1", "--json", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=600, env={**os.environ,
+                                                                  "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = {r["method"]: r for r in json.loads(out.read_text())["results"]}
+    assert rows["dense"]["sent_steps"] == {"dense": 30}
+    assert sum(rows["auto"]["sent_steps"].values()) == 30
+    assert rows["auto"]["last_sent"] in rows["auto"]["sent_steps"]
+    assert proc.stdout.count("| lstm | 4 |") == 2          # one table, from rank 0
