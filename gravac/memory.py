@@ -156,16 +156,17 @@ class ResidualMemory:
             raise KeyError(f"update({name!r}) before compensate({name!r})")
         if name in self._held:
             return
+        if sent is None:            # everything sent: zero, without copying g_ef first
+            self.clear_all([name])
+            return
         new = self._spare(name, old)
         if g_ef.data_ptr() != new.data_ptr():
             new.copy_(g_ef.reshape(-1))
-        if sent is None:
-            new.zero_()
-        elif isinstance(sent, SparseSent):
+        if isinstance(sent, SparseSent):
             new.index_add_(0, sent.indices, sent.values.to(new.dtype), alpha=-1)
         else:
             new.sub_(sent.reshape(-1).to(new.dtype))
-        self._swap(name, new, zero=sent is None)
+        self._swap(name, new, zero=False)
 
     def clear_all(self, names: list[str]) -> None:
         """``update(name, g_ef, None)`` of each: every residual of ``names`` zero (a held
