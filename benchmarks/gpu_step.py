@@ -103,19 +103,14 @@ LAYERWISE = {"_layerwise_residual": (memory_module, "FLAT_UPDATE_MIN_LAYERS"),
 BPTT = 35
 
 
-#: The transport every optimizer is built over: the local one, or (``--comm torch``) the
-#: torch.distributed group of this process.
-COMM = [LocalComm()]
-
-
-def _optimizer(method: str, model: torch.nn.Module):
+def _optimizer(method: str, model: torch.nn.Module, comm):
     sgd = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     if method == "plain":
         return sgd
     if method == "dense":
-        return wrap_optimizer(sgd, model.named_parameters(), COMM[0], compressor="none")
+        return wrap_optimizer(sgd, model.named_parameters(), comm, compressor="none")
     if method.startswith("powersgd4") or method == "auto":
-        opt = wrap_optimizer(sgd, model.named_parameters(), COMM[0],
+        opt = wrap_optimizer(sgd, model.named_parameters(), comm,
                              **(dict(compressor="powersgd", controller=Static(rank=4))
                                 if method != "auto" else dict(controller=Auto())))
         opt._engine.exact_phases = True
@@ -126,7 +121,7 @@ def _optimizer(method: str, model: torch.nn.Module):
     options = {"batch_layers": not method.endswith("_per_layer")}
     if method.endswith("_triton"):
         options.update(device_candidates="triton", device_direct_below=DEVICE_BATCH_MAX)
-    opt = wrap_optimizer(sgd, model.named_parameters(), COMM[0], compressor="topk",
+    opt = wrap_optimizer(sgd, model.named_parameters(), comm, compressor="topk",
                          compressor_options=options, controller=controller)
     opt._engine.exact_phases = True    # a device sync per phase boundary: the exact split
     return opt
@@ -181,12 +176,12 @@ class Setup:
     done: int = 0
 
 
-def _setup(model_name: str, method: str, device, small: bool = False) -> Setup:
+def _setup(model_name: str, method: str, device, comm, small: bool = False) -> Setup:
     name, options, batch, kind = (SMALL if small else MODELS)[model_name]
     torch.manual_seed(0)
     model = build_model(name, **options).to(device)
     with _batched_path_off(method):
-        opt = _optimizer(method, model)
+        opt = _optimizer(method, model, comm)
     return Setup(method, model, opt, _batches(kind, batch, device, options.get("vocab_size", 0)),
                  kind, batch)
 
@@ -202,12 +197,7 @@ def _steps(setup: Setup, device, count: int, record: bool) -> None:
             _sync(device)
             t0 = time.perf_counter()
             opt.zero_grad()
-            if setup.kind == "image":
-                loss = F.cross_entropy(model(x), y)
-            else:
-                logits, _ = model(x)
-                loss = F.cross_entropy(logits, y)
-            loss.backward()
+            _loss(model, x, y, setup.kind).backward()
             _sync(device)
             t1 = time.perf_counter()
             opt.step()
@@ -252,15 +242,24 @@ def _sent_cell(m: dict) -> str:
     return ", ".join(f"{k} x{n}" for k, n in steps.items()) + f" -> {m['last_sent']}"
 
 
+def _loss(model, x, y, kind: str) -> torch.Tensor:
+    """The training loss of one batch (an LSTM's output is (logits, hidden))."""
+    out = model(x)
+    return F.cross_entropy(out if kind == "image" else out[0], y)
+
+
 def measure_all(model_name: str, methods: list[str], device, steps: int, warmup: int,
-                rounds: int = 3, small: bool = False, profile: Path | None = None) -> dict:
+                rounds: int = 3, small: bool = False, profile: Path | None = None,
+                comm=None) -> dict:
     """Median milliseconds of each part of the step for one model and each method. Every
     method is built first and warmed up; then ``rounds`` rounds each train every method
     for its share of ``steps`` in turn, so that a drift of the host's speed over the
     minutes a run takes touches every method alike. With ``profile`` (a folder), three
     more ``opt.step()`` calls of each under torch's profiler and three under cProfile,
-    written to ``profile/<model>_<method>.txt``."""
-    setups = [_setup(model_name, method, device, small) for method in methods]
+    written to ``profile/<model>_<method>.txt``. ``comm``: the transport the optimizers
+    use (default the local one: nothing travels)."""
+    comm = comm if comm is not None else LocalComm()
+    setups = [_setup(model_name, method, device, comm, small) for method in methods]
     for setup in setups:
         _steps(setup, device, warmup, record=False)
     for r in range(rounds):
@@ -292,9 +291,7 @@ def _profile(model, opt, batches, kind, device, path: Path) -> None:
         for x, y in batches[:3]:
             opt.zero_grad()
             with torch.profiler.record_function("forward+backward"):
-                out = model(x)
-                loss = F.cross_entropy(out if kind == "image" else out[0], y)
-                loss.backward()
+                _loss(model, x, y, kind).backward()
             _sync(device)
             with torch.profiler.record_function("opt.step"):
                 opt.step()
@@ -328,8 +325,7 @@ def _python_profile(model, opt, batches, kind, device) -> str:
     profiler = cProfile.Profile()
     for x, y in batches[:3]:
         opt.zero_grad()
-        out = model(x)
-        F.cross_entropy(out if kind == "image" else out[0], y).backward()
+        _loss(model, x, y, kind).backward()
         _sync(device)
         profiler.enable()
         opt.step()
@@ -381,16 +377,17 @@ def main() -> int:
     if args.small and any(m not in SMALL for m in args.models):
         print(f"gpu_step.py: --small knows {', '.join(SMALL)} only", file=sys.stderr)
         return 2
+    comm = LocalComm()
     if args.comm == "torch":
         from gravac.comm import init
-        COMM[0] = init("torch", gpu=False)       # gloo: every rank on the one GPU
+        comm = init("torch", gpu=False)          # gloo: every rank on the one GPU
     name = device_description(device)
-    lead = COMM[0].rank == 0                # the other ranks train alongside, silently
+    lead = comm.rank == 0                # the other ranks train alongside, silently
     say = print if lead else (lambda *a, **k: None)
     results = {}
     for model in args.models:
         medians = measure_all(model, args.methods, device, args.steps, args.warmup,
-                              max(1, args.rounds), args.small, args.profile)
+                              max(1, args.rounds), args.small, args.profile, comm)
         for method, m in medians.items():
             results[(model, method)] = m
             say(f"{model} {method}: step {m['step']:.2f} ms, compression {m['compress']:.2f} ms "
@@ -401,7 +398,7 @@ def main() -> int:
                                          "steps": args.steps, "rounds": args.rounds,
                                          "results": [{"model": k[0], "method": k[1], **v}
                                                      for k, v in results.items()]}, indent=1))
-    COMM[0].close()          # torch.distributed: a barrier, then the group destroyed
+    comm.close()          # torch.distributed: a barrier, then the group destroyed
     return 0
 
 
