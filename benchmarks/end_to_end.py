@@ -153,6 +153,11 @@ METHODS: dict[str, tuple[str, list[str]]] = {
     # while it trains to dense's loss, where Top-k at 0.5-0.6 does not.
     "gravac_auto_low_rank": ("auto.yaml", ["compression.auto.recheck_every=100",
                                            "compression.auto.epsilon_low_rank=0.1"]),
+    # The same with PowerSGD judged by its residual's lag instead of its gain
+    # (compression.auto.low_rank_lag, docs/ALGORITHM.md E14): eligible while error
+    # feedback holds back at most 0.1 of a step's gradient along the next one.
+    "gravac_auto_lag": ("auto.yaml", ["compression.auto.recheck_every=100",
+                                      "compression.auto.low_rank_lag=0.1"]),
     # The same where a re-check always switches to the best score (switch_margin 0: the
     # rule before Auto kept a running method within 5% of the best), and both opt-ins with
     # the default margin.

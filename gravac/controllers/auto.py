@@ -141,6 +141,11 @@ class Auto(Controller):
         epsilon_low_rank: the gain threshold of the PowerSGD methods, in (0, 1]; None
             (default): ε, GraVAC's one threshold. A rank-r approximation with error
             feedback trains at gains where Top-k does not (docs/ALGORITHM.md E13).
+        low_rank_lag: instead of a gain threshold, the PowerSGD methods are eligible while
+            their residual's lag, Σ⟨r, g⟩ / Σ‖g‖² (what error feedback holds back along
+            the next raw gradient, in steps of it), is at most this, in (0, 1]; their
+            score still weighs the step time by the energy gain. None (default): the
+            gain decides (``epsilon_low_rank`` or ε). Not with ``epsilon_low_rank``.
         switch_margin: at a re-check, the method that was running stays while it is
             eligible and its score is within this fraction of the best (>= 0; 0: the
             best score always wins). Scores of one method measured again differ by 3-5%.
@@ -157,6 +162,7 @@ class Auto(Controller):
                  recheck_within: float = 0.15, tolerance: float = 0.1,
                  alpha: float | None = None, split_layers: bool = False,
                  epsilon_low_rank: float | None = None,
+                 low_rank_lag: float | None = None,
                  switch_margin: float = SWITCH_MARGIN, decide: str = DECIDE):
         def bad(name, value, allowed):
             return ValueError(f"Auto({name}={value!r}): {allowed}")
@@ -180,6 +186,13 @@ class Auto(Controller):
                 or not isinstance(epsilon_low_rank, (int, float))
                 or not 0 < epsilon_low_rank <= 1):
             raise bad("epsilon_low_rank", epsilon_low_rank, "must be in (0, 1] or None")
+        if low_rank_lag is not None and (
+                isinstance(low_rank_lag, bool) or not isinstance(low_rank_lag, (int, float))
+                or not 0 < low_rank_lag <= 1):
+            raise bad("low_rank_lag", low_rank_lag, "must be in (0, 1] or None")
+        if low_rank_lag is not None and epsilon_low_rank is not None:
+            raise bad("low_rank_lag", low_rank_lag, "set it or epsilon_low_rank, not both "
+                      "(each decides when a PowerSGD method is eligible)")
         for name, value, low in (("trial_steps", trial_steps, 1), ("settle_steps", settle_steps, 0),
                                  ("recheck_every", recheck_every, 1)):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
@@ -200,6 +213,7 @@ class Auto(Controller):
         self.tolerance, self.alpha_option = tolerance, alpha
         self.split_layers = split_layers
         self.epsilon_low_rank = epsilon_low_rank
+        self.low_rank_lag = low_rank_lag
         self.switch_margin = switch_margin
         self.decide_rule = decide
         self.candidates: list[Method] = parsed
@@ -265,7 +279,8 @@ class Auto(Controller):
         decided = self._decided()
         if m.kind == "powersgd":
             return StepPlan(theta_min=1.0, layer_rank=dict.fromkeys(self._layers, m.rank),
-                            needs_gains=True, method=m, decided=decided)
+                            needs_gains=True, method=m, decided=decided,
+                            measure_lag=self.low_rank_lag is not None)
         dense = self._dense_layers(self._s["current"])
         if dense:
             return StepPlan(theta_min=m.level, layer_cf=dict.fromkeys(dense, 1.0),
@@ -284,9 +299,10 @@ class Auto(Controller):
         s = self._s
         if s["phase"] == "trial":
             return SENT_MIN
-        if self.decide_rule == "current" or s["delta"] is None:
+        quality = self._run_quality()
+        if self.decide_rule == "current" or quality is None:
             return None
-        return SENT_MIN if s["delta"] >= self._epsilon(s["current"]) else SENT_DENSE
+        return SENT_MIN if quality >= self._epsilon(s["current"]) else SENT_DENSE
 
     def observe_layer_gains(self, rows: Mapping[str, tuple[float, float, float]]) -> None:
         """Sums the agreed per-layer energies over the phase's steps: what a split is
@@ -302,6 +318,10 @@ class Auto(Controller):
         above = [c.level for c in self.candidates if c.kind == "sparse" and c.level > m.level]
         return min(above) if above else None
 
+    def observe_lag(self, lag: float) -> None:
+        """This step's agreed lag (``low_rank_lag``'s PowerSGD steps), before ``decide``."""
+        self._s["pending_lag"] = lag
+
     def decide(self, gain_min, gain_c) -> str:
         s = self._s
         s["pending"] = (gain_min, gain_c)
@@ -310,6 +330,9 @@ class Auto(Controller):
         s["delta"] = self._smooth(s["delta"], gain_min)
         if gain_c is not None:
             s["delta_c"] = self._smooth(s.get("delta_c"), gain_c)
+        lag = s.get("pending_lag") if self._lag_gated(s["current"]) else None
+        if lag is not None:
+            s["lag"] = self._smooth(s.get("lag"), lag)
         if s["phase"] == "trial":
             # A trial measures its method: a step sent dense would enter dense's time
             # under the method's name. Its mean gain decides eligibility; what a step
@@ -319,12 +342,15 @@ class Auto(Controller):
             # steps' gains do not count (``_measured_gains``).
             gains = s.setdefault("trial_gains", [])
             gains.append([gain_min, gain_c])
+            if lag is not None:
+                s.setdefault("trial_lags", []).append(lag)
             measured = self._measured_gains()
-            if measured and statistics.fmean(g for g, _ in measured) < \
-                    self._near_epsilon(s["current"]):
+            if measured and self._trial_quality(measured) < self._near_epsilon(s["current"]):
                 s["abandon"] = True
             return SENT_MIN
-        return SENT_MIN if s["delta"] >= self._epsilon(s["current"]) else SENT_DENSE
+        quality = self._run_quality()
+        return SENT_MIN if quality is None or quality >= self._epsilon(s["current"]) \
+            else SENT_DENSE
 
     def _smooth(self, average: float | None, sample: float) -> float:
         return sample if average is None else (1 - self._alpha) * average + self._alpha * sample
@@ -333,12 +359,14 @@ class Auto(Controller):
         s = self._s
         s["step_in_phase"] += 1
         pending, s["pending"] = s["pending"], None
+        lag = s.pop("pending_lag", None) if self._lag_gated(s["current"]) else None
+        s.pop("pending_lag", None)
         measured = record.sent in (SENT_MIN, SENT_DENSE) and record.t_iter is not None
         settle, length = self._trial_length() if s["phase"] == "trial" else (0, 0)
         if measured and s["step_in_phase"] > settle:
             gain_min, gain_c = pending if pending is not None else (1.0, None)
             s["samples"].append([record.t_iter, gain_min, gain_c, record.extra.get("t_comm"),
-                                 record.extra.get("t_pack")])
+                                 record.extra.get("t_pack"), lag])
         if s.pop("abandon", False):
             self._end_trial(record.step, sync, abandoned=True)
         elif s["phase"] == "trial" and s["step_in_phase"] >= settle + length:
@@ -355,6 +383,8 @@ class Auto(Controller):
         if steps >= self.recheck_every:
             return f"recheck_every={self.recheck_every} steps"
         if self._fell_below(steps):
+            if self._lag_gated(self._s["current"]):
+                return f"smoothed lag above low_rank_lag={self.low_rank_lag:g}"
             return f"smoothed gain below epsilon={self._epsilon(self._s['current']):g}"
         if self._next_clears(steps):
             return f"{self._next_cf_key()}'s gain clears epsilon={self.epsilon:g}"
@@ -367,18 +397,40 @@ class Auto(Controller):
         """The chosen method's smoothed gain fell below ε (after a trial's length of
         steps): it is no longer eligible, so the re-check comes now, not after more steps
         that each fall back to dense."""
-        s = self._s
-        return (steps >= self.settle_steps + self.trial_steps and s["delta"] is not None
-                and s["delta"] < self._epsilon(s["current"]))
+        s, quality = self._s, self._run_quality()
+        return (steps >= self.settle_steps + self.trial_steps and quality is not None
+                and quality < self._epsilon(s["current"]))
 
     def _recent_gain(self) -> float | None:
         """The mean agreed gain of the run's last 2 x ``trial_steps`` measured steps (None
         before that many): the gain the chosen method sends at now, where the smoothed one
         (GraVAC's EWMA, alpha = N/100) still remembers the switch."""
+        return self._recent(1)
+
+    def _recent(self, column: int) -> float | None:
+        """The mean of the samples' ``column`` (1: the gain, 5: the lag) over the run's
+        last 2 x ``trial_steps`` measured steps (None before that many, or without it)."""
         samples = self._s["samples"][-2 * self.trial_steps:]
-        if len(samples) < 2 * self.trial_steps:
+        values = [x[column] for x in samples if len(x) > column and x[column] is not None]
+        if len(samples) < 2 * self.trial_steps or len(values) < len(samples):
             return None
-        return statistics.fmean(sample[1] for sample in samples)
+        return statistics.fmean(values)
+
+    def _recent_quality(self) -> float | None:
+        """What the chosen method's threshold is compared with, over the recent steps: its
+        gain, or 1 - its lag under ``low_rank_lag`` (``_quality``)."""
+        if self._lag_gated(self._s["current"]):
+            lag = self._recent(5)
+            return None if lag is None else 1.0 - lag
+        return self._recent_gain()
+
+    def _run_quality(self) -> float | None:
+        """The chosen method's smoothed gain, or 1 - its smoothed lag under
+        ``low_rank_lag`` (None before a step measured it)."""
+        s = self._s
+        if self._lag_gated(s["current"]):
+            return None if s.get("lag") is None else 1.0 - s["lag"]
+        return s["delta"]
 
     def _run_score(self) -> float | None:
         """The run's score at its recent gain: that gain over the step time of its table
@@ -407,7 +459,8 @@ class Auto(Controller):
         if (recent is None or entry is None or self._method(key).dense
                 or recent >= (1 - self.recheck_within) * entry["gain"]):
             return False
-        if recent < self._epsilon(key):
+        quality = self._recent_quality()
+        if quality is not None and quality < self._epsilon(key):
             return True
         run = self._run_score()
         rivals = [self._score(k) for k in s["table"] if k != key]
@@ -470,6 +523,11 @@ class Auto(Controller):
             delta = self._s["delta"]
             entry["gain"] = recent if recent is not None else \
                 delta if delta is not None else entry["gain"]
+            if self._lag_gated(self._s["current"]):
+                lag = self._recent(5)
+                lag = lag if lag is not None else self._s.get("lag")
+                if lag is not None:
+                    entry["lag"] = lag
         entry = sync.broadcast_object(entry, name="gravac.auto.measure")
         self._s["table"][self._s["current"]] = entry
         self._s.setdefault("measured_at", {})[self._s["current"]] = step
@@ -490,18 +548,47 @@ class Auto(Controller):
             values = [x[i] for x in samples if len(x) > i and x[i] is not None]
             return statistics.median(values) if values else None
         nexts = [x[2] for x in samples if x[2] is not None]
+        lags = [x[5] for x in samples if len(x) > 5 and x[5] is not None]
         return {"t": median_of(0), "t_comm": median_of(3), "t_pack": median_of(4),
                 "gain": 1.0 if dense else statistics.fmean(x[1] for x in samples),
                 "gain_next": statistics.fmean(nexts) if nexts else None,
+                **({"lag": statistics.fmean(lags)} if lags else {}),
                 "steps": len(samples)}
 
     def _measured_gains(self) -> list:
         """The trial's (gain, next CF's gain) of its steps after settling."""
         return self._s.get("trial_gains", [])[self._trial_length()[0]:]
 
+    def _measured_lags(self) -> list:
+        """The trial's agreed lags of its steps after settling (``low_rank_lag``)."""
+        return self._s.get("trial_lags", [])[self._trial_length()[0]:]
+
+    def _trial_quality(self, measured: list) -> float:
+        """The trial's mean gain over its ``measured`` (gain, next gain) steps so far, or
+        under ``low_rank_lag`` 1 - its mean lag."""
+        lags = self._measured_lags()
+        if self._lag_gated(self._s["current"]) and lags:
+            return 1.0 - statistics.fmean(lags)
+        return statistics.fmean(g for g, _ in measured)
+
+    def _lag_gated(self, key: str) -> bool:
+        """``key``'s eligibility is decided by its residual's lag (``low_rank_lag``: the
+        PowerSGD methods), not by its gain."""
+        return self.low_rank_lag is not None and self._method(key).kind == "powersgd"
+
+    def _quality(self, key: str, entry: dict) -> float:
+        """What ``key``'s threshold (``_epsilon``) is compared with: the entry's gain, or
+        under ``low_rank_lag`` 1 - its lag (an entry without one, e.g. read from a
+        checkpoint written before, counts its gain)."""
+        if self._lag_gated(key) and entry.get("lag") is not None:
+            return 1.0 - entry["lag"]
+        return entry["gain"]
+
     def _epsilon(self, key: str) -> float:
-        """The gain threshold of ``key``'s method: ``epsilon_low_rank`` for PowerSGD where
-        set, else ε."""
+        """The threshold of ``key``'s method (compared with ``_quality``): 1 -
+        ``low_rank_lag`` or ``epsilon_low_rank`` for PowerSGD where set, else ε."""
+        if self._lag_gated(key):
+            return 1.0 - self.low_rank_lag
         if self.epsilon_low_rank is not None and self._method(key).kind == "powersgd":
             return self.epsilon_low_rank
         return self.epsilon
@@ -519,13 +606,17 @@ class Auto(Controller):
         if abandoned:
             gains = self._measured_gains()
             nexts = [c for _, c in gains if c is not None]
-            self._log(step, "abandoned", self._s["current"],
-                      steps=len(self._s["trial_gains"]),
-                      reason=f"mean gain below (1 - recheck_within) x epsilon = "
-                             f"{self._near_epsilon(self._s['current']):.4g}")
+            key = self._s["current"]
+            lags = self._measured_lags() if self._lag_gated(key) else []
+            reason = (f"mean lag above 1 - (1 - recheck_within) x (1 - low_rank_lag) = "
+                      f"{1 - self._near_epsilon(key):.4g}" if lags else
+                      f"mean gain below (1 - recheck_within) x epsilon = "
+                      f"{self._near_epsilon(key):.4g}")
+            self._log(step, "abandoned", key, steps=len(self._s["trial_gains"]), reason=reason)
             self._measure(step, sync, gains={
                 "gain": statistics.fmean(g for g, _ in gains),
-                "gain_next": statistics.fmean(nexts) if nexts else None})
+                "gain_next": statistics.fmean(nexts) if nexts else None,
+                **({"lag": statistics.fmean(lags)} if lags else {})})
         else:
             self._measure(step, sync)
         s = self._s
@@ -606,7 +697,7 @@ class Auto(Controller):
         stale = [k for k, e in s["table"].items()
                  if k != s["current"] and k not in queue and not self._method(k).dense
                  and e["t"] is not None and e["t"] > 0 and 1.0 / e["t"] > best
-                 and e["gain"] >= self._near_epsilon(k)]
+                 and self._quality(k, e) >= self._near_epsilon(k)]
         keys = self._keys()
         return min(stale, key=lambda k: (at.get(k, -1), keys.index(k)),
                    default=None)
@@ -727,12 +818,14 @@ class Auto(Controller):
         dense for dozens of steps of a method chosen as eligible."""
         s = self._s
         if key != s["current"]:
-            s["delta"] = s["delta_c"] = None
+            s["delta"] = s["delta_c"] = s["lag"] = None
         entry = s["table"].get(key)
         if phase == "run" and entry is not None and not self._method(key).dense:
             s["delta"], s["delta_c"] = entry["gain"], entry.get("gain_next")
+            if entry.get("lag") is not None:
+                s["lag"] = entry["lag"]
         s.update(phase=phase, current=key, step_in_phase=0, samples=[], trial_gains=[],
-                 confirming=confirming, layer_energy={})
+                 trial_lags=[], confirming=confirming, layer_energy={})
 
     def _prune_by_gain(self, step: int) -> None:
         """Gains only fall with a higher CF or a lower rank: a gain below ε rules out every
@@ -752,13 +845,15 @@ class Auto(Controller):
             if cap is not None:
                 out = [k for k in s["queue"] if self._method(k).kind == "sparse"
                        and self._method(k).level >= cap and not k.endswith(SPLIT)]
-        elif m.kind == "powersgd" and entry["gain"] < self._epsilon(key):
+        elif m.kind == "powersgd" and self._quality(key, entry) < self._epsilon(key):
+            # (A lower rank leaves more in the residual: a larger lag as well.)
             out = [k for k in s["queue"] if self._method(k).kind == "powersgd"
                    and self._method(k).level <= m.level]
+        why = (f"lag above low_rank_lag={self.low_rank_lag:g}" if self._lag_gated(key)
+               else f"gain below epsilon={self._epsilon(key):g}")
         for k in out:
             s["queue"].remove(k)
-            self._log(step, "pruned", k, reason=f"gain below epsilon={self._epsilon(key):g} "
-                      f"(measured with {key})")
+            self._log(step, "pruned", k, reason=f"{why} (measured with {key})")
 
     def _propose_splits(self, step: int) -> list[str]:
         """With ``split_layers``, at the end of a sparse CF's trial or run: for that CF and
@@ -807,7 +902,7 @@ class Auto(Controller):
     def _eligible(self, key: str) -> bool:
         e = self._s["table"].get(key)
         return e is not None and e["t"] is not None and e["t"] > 0 and \
-            (key == "dense" or e["gain"] >= self._epsilon(key))
+            (key == "dense" or self._quality(key, e) >= self._epsilon(key))
 
     def _score(self, key: str) -> float:
         """Compression throughput per sample: gain / step time (samples per step fixed)."""
@@ -936,6 +1031,8 @@ class Auto(Controller):
                 **({"split_layers": True} if self.split_layers else {}),
                 **({"epsilon_low_rank": self.epsilon_low_rank}
                    if self.epsilon_low_rank is not None else {}),
+                **({"low_rank_lag": self.low_rank_lag}
+                   if self.low_rank_lag is not None else {}),
                 **({"switch_margin": self.switch_margin}
                    if self.switch_margin != SWITCH_MARGIN else {}),
                 **({"decide": self.decide_rule} if self.decide_rule != DECIDE else {})}

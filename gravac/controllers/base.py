@@ -71,6 +71,11 @@ class StepPlan:
         selects every compressed layer (not ``hierarchical``).
     method_name: the name step records give the method (None: ``method.key``): Auto's
         split methods, ``<cf>/split``.
+    measure_lag: the residual's lag is measured as well, Σ⟨r, g⟩ / Σ‖g‖² over the
+        compressed layers and the ranks (r: the residual error feedback adds to this
+        step's raw gradient g; the same allreduce as the gains) and handed to
+        ``Controller.observe_lag`` before ``decide`` (Auto's ``low_rank_lag``; the step
+        record's ``lag``). Needs ``needs_gains``.
     """
 
     theta_min: float
@@ -83,6 +88,7 @@ class StepPlan:
     method: Method | None = None
     layer_gains: bool = False
     method_name: str | None = None
+    measure_lag: bool = False
 
     def cf_of(self, name: str) -> float:
         if self.layer_cf is not None and name in self.layer_cf:
@@ -151,6 +157,11 @@ class Controller(ABC):
         """Per compressed layer, summed over ranks: (kept energy at θmin, at θc (θmin's
         without a candidate), g_ef's energy; norms under ``gain_measure="norm"``), of a
         step whose plan set ``layer_gains`` and that no NaN/Inf skipped; called before
+        ``decide``."""
+
+    def observe_lag(self, lag: float) -> None:
+        """The residual's agreed lag, Σ⟨r, g⟩ / Σ‖g‖² (``StepPlan.measure_lag``), of a step
+        whose plan set ``measure_lag`` and that no NaN/Inf skipped; called before
         ``decide``."""
 
     def on_lr_decay(self) -> None:

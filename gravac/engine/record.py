@@ -35,6 +35,8 @@ class StepStats:
     RedSync keep about, not exactly, n/θ values; 1 = dense);
     theta_min / theta_c: the plan's CFs; gain_min / gain_c: this step's agreed gains;
     delta_min / delta_c: the controller's smoothed gains after this step (GraVAC);
+    lag: the residual's agreed Σ⟨r, g⟩ / Σ‖g‖² (``StepPlan.measure_lag``: Auto's
+    ``low_rank_lag``), None when not measured;
     values_sent: sparse values this rank sent; floats_sent: values and indices (one float
     each, as the paper counts) plus dense elements; dense_floats: what dense would send;
     bytes_sent: this rank's bytes on the wire; t_*: seconds (None when not measured);
@@ -55,6 +57,7 @@ class StepStats:
     gain_c: float | None = None
     delta_min: float | None = None
     delta_c: float | None = None
+    lag: float | None = None
     sparse_layers: int = 0
     dense_layers: int = 0
     values_sent: int = 0

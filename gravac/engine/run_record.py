@@ -86,7 +86,7 @@ STEP_COLUMNS = (
     ("cf_actual", "compression/cf_actual"), ("theta_min", "compression/theta_min"),
     ("theta_c", "compression/theta_c"), ("gain_min", "compression/gain_min"),
     ("gain_c", "compression/gain_c"), ("delta_min", "compression/delta_min"),
-    ("delta_c", "compression/delta_c"),
+    ("delta_c", "compression/delta_c"), ("lag", "compression/lag"),
     ("floats_sent", "traffic/floats_sent"), ("cum_floats_sent", "traffic/cum_floats_sent"),
     ("dense_floats", "traffic/dense_floats"), ("bytes_sent", "traffic/bytes_sent"),
     ("cum_dense_floats", "traffic/cum_dense_floats"),
@@ -131,7 +131,7 @@ KINDS: Mapping[str, RecordKind] = MappingProxyType({k.name: k for k in (
     # every measured method's score). Several may share a step.
     _kind(METHOD, dict(time=NUMBER, step=STEP_INDEX, event=TEXT, method=TEXT, reason=TEXT,
                        t=NUMBER, t_comm=NUMBER, t_pack=NUMBER, gain=NUMBER,
-                       gain_next=NUMBER, steps=INT, probe=FLAG, dense_layers=ANY,
+                       gain_next=NUMBER, lag=NUMBER, steps=INT, probe=FLAG, dense_layers=ANY,
                        score=NUMBER, round=INT, scores=ANY)),
     _kind(NONFINITE, dict(step=STEP_INDEX, time=NUMBER, ranks=ANY)),
     _kind(ELASTIC_RESET, dict(step=STEP_INDEX, time=NUMBER, world_size=INT,

@@ -173,6 +173,24 @@ def gain_rows(selections: list[Selection], measure: str) -> list[torch.Tensor]:
     return [table.square() if measure == "energy" else table]
 
 
+def lag_terms(grads: list[torch.Tensor], g_efs: list[torch.Tensor]) -> torch.Tensor:
+    """[Σ⟨r, g⟩, Σ‖g‖²] over layers, in float64, with r = g_ef - g the residual that error
+    feedback added to this step's raw gradient g: summed over ranks, their ratio is the
+    residual's lag (``StepPlan.measure_lag``). Measure it before selection, while g_ef is
+    g + r (the residual update reuses g_ef's buffer)."""
+    terms = []
+    for g, g_ef in zip(grads, g_efs):
+        g = g.reshape(-1)
+        g_ef = g_ef.reshape(-1)
+        if g_ef.dtype not in (torch.float32, torch.float64):
+            g_ef = g_ef.float()
+        if g.dtype != g_ef.dtype:
+            g = g.to(g_ef.dtype)
+        g_sq = torch.dot(g, g)
+        terms.append(torch.stack([torch.dot(g_ef, g) - g_sq, g_sq]))
+    return torch.stack(terms).double().sum(0)
+
+
 def _sq_norm(t: torch.Tensor) -> torch.Tensor:
     t = t.reshape(-1)
     if t.dtype != torch.float32 and t.dtype != torch.float64:

@@ -53,17 +53,19 @@ from .layers import Layer
 from .options import GravacOptions
 from .phases import PhaseClock, discarded_time
 from .record import SENT_SKIPPED, StepStats
-from .selection import flagged_ranks, nonfinite_flag
+from .selection import flagged_ranks, lag_terms, nonfinite_flag
 
 
 class AgreedGains(NamedTuple):
     """``StepEngine.agree_gain_rows``: the gains of both levels, the ranks that had a
-    NaN/Inf, and the per-layer rows summed over ranks (None unless asked for)."""
+    NaN/Inf, the per-layer rows summed over ranks (None unless asked for) and the
+    residual's lag (None unless its terms were given)."""
 
     gain_min: float
     gain_c: float
     bad_ranks: list
     layers: dict | None = None
+    lag: float | None = None
 
 
 @dataclass
@@ -89,6 +91,7 @@ class _Step:
     pendings: list = field(default_factory=list)
     rows: list = field(default_factory=list)           # gain rows, one per selection
     row_names: list = field(default_factory=list)      # their layers (plan.layer_gains)
+    lag_terms: list = field(default_factory=list)      # per bucket (plan.measure_lag)
     held: list = field(default_factory=list)           # selections waiting for the decision
     held_dense: list = field(default_factory=list)     # dense layers waiting (hold_all)
     sent: list = field(default_factory=list)           # SentLayer of what left compressed
@@ -435,6 +438,10 @@ class StepEngine:
         g_efs = memory.compensate_all([l.name for l in compressed],
                                       [l.param.grad for l in compressed])
         clock.lap("t_feedback")
+        if plan.measure_lag and compressed:
+            # Before selection, while g_ef is g + r (gravac/engine/selection.py).
+            state.lag_terms.append(lag_terms([l.param.grad for l in compressed], g_efs))
+            clock.lap("t_norms")
         selections = []
         if compressed:
             fed = [(l, g, *state.planned[l.name]) for l, g in zip(compressed, g_efs)]
@@ -541,16 +548,22 @@ class StepEngine:
         bad_ranks: list[int] = []
         flags = None
         sent = state.level
+        lag = None
         if plan.needs_gains:
-            gain_min, gain_c, bad_ranks, layer_rows = self.agree_gain_rows(
+            agreed = self.agree_gain_rows(
                 state.rows, clock, None if state.flags_agreed else state.local_bad,
-                names=state.row_names if plan.layer_gains else None)
+                names=state.row_names if plan.layer_gains else None,
+                lag_terms=state.lag_terms if plan.measure_lag else None)
+            gain_min, gain_c, bad_ranks = agreed.gain_min, agreed.gain_c, agreed.bad_ranks
             state.flags_agreed = True
             if not bad_ranks:
                 if not state.all_candidate:
                     gain_c = None
-                if layer_rows is not None:
-                    self.controller.observe_layer_gains(layer_rows)
+                if agreed.layers is not None:
+                    self.controller.observe_layer_gains(agreed.layers)
+                lag = agreed.lag
+                if lag is not None:
+                    self.controller.observe_lag(lag)
                 sent = self._decide(gain_min, gain_c, state)
                 clock.lap("t_control")
         if not bad_ranks and (state.held or state.held_dense):
@@ -588,7 +601,7 @@ class StepEngine:
         if state.staged:
             self.controller.observe_gradients(state.staged)
             clock.lap("t_control")
-        return self._record(state, sent or SENT_MIN, gain_min, gain_c, t_compute)
+        return self._record(state, sent or SENT_MIN, gain_min, gain_c, t_compute, lag)
 
     def _decide(self, gain_min: float, gain_c: float | None, state: _Step) -> str:
         """``controller.decide`` from the agreed gains (``SENT_MIN`` when no layer is
@@ -608,7 +621,8 @@ class StepEngine:
                                "CF above theta_min")
         return sent
 
-    def _record(self, state: _Step, sent: str, gain_min, gain_c, t_compute) -> StepStats:
+    def _record(self, state: _Step, sent: str, gain_min, gain_c, t_compute,
+                lag: float | None = None) -> StepStats:
         """The step record of a step that was sent."""
         plan, clock = state.plan, state.clock
         went_dense = sent == SENT_DENSE
@@ -643,7 +657,7 @@ class StepEngine:
             # Planned in ranks, θmin is what the ranks came to.
             theta_min=cf_sent if by_rank else float(plan.theta_min),
             theta_c=None if plan.theta_c is None else float(plan.theta_c),
-            gain_min=gain_min, gain_c=gain_c,
+            gain_min=gain_min, gain_c=gain_c, lag=lag,
             sparse_layers=len(sparse), dense_layers=len(self.layers) - len(sparse),
             values_sent=values,
             # Values and indices each count as one float (as the paper counts), plus dense.
@@ -675,7 +689,8 @@ class StepEngine:
     # -- agreement ------------------------------------------------------------------------
     def agree_gain_rows(self, rows: list[torch.Tensor], clock: PhaseClock | None = None,
                         local_bad: bool | torch.Tensor | None = None,
-                        names: list[str] | None = None) -> AgreedGains:
+                        names: list[str] | None = None,
+                        lag_terms: list[torch.Tensor] | None = None) -> AgreedGains:
         """Whole-model compression gains of both levels from per-layer rows (``gain_row``,
         or [layers, 3] tables of them: ``gain_rows`` on a GPU), summed over ranks with one
         tiny allreduce: (gain_min, gain_c, ranks with a NaN/Inf gradient, per-layer rows).
@@ -685,6 +700,8 @@ class StepEngine:
         None when already agreed) rides in the same allreduce. ``names`` (the rows' layers,
         the same on every rank): the rows travel per layer instead of summed (3 values a
         layer), and their sums over ranks come back by name (``StepPlan.layer_gains``).
+        ``lag_terms`` (``selection.lag_terms`` of each bucket): their sums ride in the same
+        allreduce, and the lag Σ⟨r, g⟩ / Σ‖g‖² comes back (``StepPlan.measure_lag``).
 
         The rows are summed on the gradients' device, the flags appended there, and the
         lot moved to the host at once: one device sync per step for the gains and the
@@ -703,6 +720,11 @@ class StepEngine:
         if names is not None and len(names) != table.shape[0]:
             raise RuntimeError(f"{len(names)} layer names for {table.shape[0]} gain rows")
         sums = table.reshape(-1) if names is not None else table.sum(0)
+        width = sums.numel()
+        if lag_terms is not None:
+            terms = [t.to(device) for t in lag_terms] or \
+                [torch.zeros(2, dtype=torch.float64, device=device)]
+            sums = torch.cat([sums, torch.stack(terms).sum(0)])
         if local_bad is not None:
             sums = torch.cat([sums, self.flags(local_bad, device=device)])
         sums = sums.cpu()
@@ -711,8 +733,12 @@ class StepEngine:
         sums = self.comm.allreduce(sums, op="sum", name=f"{self.prefix}.gains")
         if clock is not None:
             clock.lap("t_wait_gains", sync=True)
-        width = 3 * len(names) if names is not None else 3
-        bad_ranks = flagged_ranks(sums[width:]) if local_bad is not None else []
+        lag = None
+        if lag_terms is not None:
+            dot, g_sq = float(sums[width]), float(sums[width + 1])
+            lag = dot / g_sq if g_sq > 0 else 0.0
+        skip = width + (2 if lag_terms is not None else 0)
+        bad_ranks = flagged_ranks(sums[skip:]) if local_bad is not None else []
         layers = None
         if names is not None:
             agreed = sums[:width].reshape(-1, 3)
@@ -720,8 +746,9 @@ class StepEngine:
             sums = agreed.sum(0)
         total = float(sums[2])
         if bad_ranks or total <= 0.0:
-            return AgreedGains(1.0, 1.0, bad_ranks, layers)
-        return AgreedGains(float(sums[0]) / total, float(sums[1]) / total, bad_ranks, layers)
+            return AgreedGains(1.0, 1.0, bad_ranks, layers, lag)
+        return AgreedGains(float(sums[0]) / total, float(sums[1]) / total, bad_ranks, layers,
+                           lag)
 
     def flags(self, local_bad: bool | torch.Tensor,
               device: torch.device | str | None = None) -> torch.Tensor:

@@ -22,16 +22,19 @@ def _auto(world: int = 1, **kw) -> Auto:
 
 
 def _drive(auto: Auto, steps: int, time_of, gain_of, next_gain_of=lambda m: None,
-           comm: float = 0.5, sync=None):
+           comm: float = 0.5, sync=None, lag_of=None):
     """Run ``steps`` scripted steps: the method planned gets ``time_of(key)`` seconds
     (``comm`` of them waits) and the gains ``gain_of(key)`` (its own) and
-    ``next_gain_of(key)`` (the next CF's); ``sync``: this rank's (default one rank)."""
+    ``next_gain_of(key)`` (the next CF's), and ``lag_of(key)`` where the plan measures
+    the lag; ``sync``: this rank's (default one rank)."""
     ran = []
     for step in range(steps):
         plan = auto.plan(step)
         key = plan.method.key
         ran.append(key)
         sent = SENT_MIN
+        if plan.measure_lag:
+            auto.observe_lag(lag_of(key))
         if plan.needs_gains:
             sent = auto.decide(gain_of(key), next_gain_of(key))
         t = time_of(key)
@@ -67,7 +70,10 @@ def test_a_sparse_method_picks_its_exchange_by_the_world():
     ({"settle_steps": -1}, "settle_steps"), ({"recheck_every": 1.5}, "recheck_every"),
     ({"tolerance": -0.1}, "tolerance"), ({"alpha": 2}, "alpha"),
     ({"epsilon_low_rank": 0}, "epsilon_low_rank"), ({"epsilon_low_rank": "0.1"}, "epsilon_low_rank"),
-    ({"epsilon_low_rank": True}, "epsilon_low_rank"), ({"switch_margin": -0.1}, "switch_margin")])
+    ({"epsilon_low_rank": True}, "epsilon_low_rank"), ({"switch_margin": -0.1}, "switch_margin"),
+    ({"low_rank_lag": 0}, "low_rank_lag"), ({"low_rank_lag": 1.5}, "low_rank_lag"),
+    ({"low_rank_lag": True}, "low_rank_lag"),
+    ({"low_rank_lag": 0.1, "epsilon_low_rank": 0.3}, "not both")])
 def test_bad_options_name_the_option(kw, match):
     with pytest.raises(ValueError, match=match):
         Auto(**kw)
@@ -692,6 +698,80 @@ def test_epsilon_low_rank_prunes_the_lower_ranks_below_it():
     pruned = [d for d in auto.decisions if d["event"] == "pruned"]
     assert [d["method"] for d in pruned] == ["powersgd:1"]
     assert "epsilon=0.3" in pruned[0]["reason"]
+
+
+@pytest.mark.parametrize("low_rank_lag", [None, 0.1])
+def test_low_rank_lag_decides_powersgds_eligibility_and_its_gain_its_score(low_rank_lag):
+    """Gains: powersgd:4 0.3, powersgd:1 0.2, sparse:10 0.45, all below ε = 0.5. Lags:
+    rank 4 0.03, rank 1 0.3. With low_rank_lag 0.1 rank 4 is eligible (its lag is at
+    most 0.1) and chosen at its energy gain's score, 0.3 / 0.1 = 3, against dense's 0.5;
+    rank 1's trial ends after its first measured step (mean lag 0.3 above
+    1 - 0.85 x 0.9 = 0.235) and scores 0; Top-k stays at ε. The run sends compressed
+    while its smoothed lag stays at most 0.1, dense above. Without the option only the
+    PowerSGD plans' gains count, and dense is chosen."""
+    auto = _auto(methods=["dense", "powersgd:4", "powersgd:1", "sparse:10"], alpha=1.0,
+                 recheck_every=1000, low_rank_lag=low_rank_lag)
+    gains = {"powersgd:4": 0.3, "powersgd:1": 0.2, "sparse:10": 0.45}
+    lags = {"powersgd:4": 0.03, "powersgd:1": 0.3}
+    ran = _drive(auto, 12, {"dense": 2.0, "powersgd:4": 0.1, "powersgd:1": 0.05,
+                            "sparse:10": 0.5}.get, gains.get, lag_of=lags.get)
+    chosen = [d for d in auto.decisions if d["event"] == "chosen"][0]
+    assert chosen["scores"]["sparse:10"] == 0.0
+    if low_rank_lag is None:
+        assert not auto.plan(12).measure_lag
+        assert "powersgd:1" not in ran          # pruned by rank 4's gain below ε
+        assert chosen["method"] == "dense" and chosen["scores"]["powersgd:4"] == 0.0
+        assert "low_rank_lag" not in auto.describe()      # the hyper of older states
+        return
+    assert ran.count("powersgd:1") == 2         # settling, then one measured step
+    abandoned = [d for d in auto.decisions if d["event"] == "abandoned"]
+    assert [d["method"] for d in abandoned] == ["powersgd:1"]
+    assert "lag above" in abandoned[0]["reason"]
+    measured = {d["method"]: d for d in auto.decisions if d["event"] == "measured"}
+    assert measured["powersgd:4"]["lag"] == pytest.approx(0.03)
+    assert measured["powersgd:1"]["lag"] == pytest.approx(0.3)
+    assert "lag" not in measured["sparse:10"]
+    assert chosen["method"] == "powersgd:4" == auto.current
+    assert chosen["score"] == pytest.approx(0.3 / 0.1)
+    assert chosen["scores"]["powersgd:1"] == 0.0
+    assert auto.describe()["low_rank_lag"] == 0.1
+    plan = auto.plan(12)
+    assert plan.measure_lag
+    auto.observe_lag(0.05)
+    assert auto.decide(0.3, None) == SENT_MIN
+    auto.end_step(StepRecord(step=12, sent=SENT_MIN, cf=1.0, gain=0.3, t_iter=0.1), LocalSync())
+    auto.plan(13)
+    auto.observe_lag(0.2)
+    assert auto.decide(0.9, None) == SENT_DENSE  # the lag decides, not the gain
+
+
+def test_low_rank_lag_prunes_the_lower_ranks_and_rechecks_when_the_run_lags():
+    """Rank 4's trial lag 0.2 is above low_rank_lag 0.1: rank 1 is not run (a lower
+    rank leaves more behind). Then with rank 4 eligible (lag 0.05) and chosen, its lag
+    rising to 0.3 in the run starts a re-check at its first such step, its reason naming
+    the lag."""
+    auto = _auto(methods=["dense", "powersgd:4", "powersgd:1"], low_rank_lag=0.1)
+    ran = _drive(auto, 8, {"dense": 2.0, "powersgd:4": 0.1, "powersgd:1": 0.05}.get,
+                 {"powersgd:4": 0.2, "powersgd:1": 0.1}.get,
+                 lag_of={"powersgd:4": 0.2, "powersgd:1": 0.5}.get)
+    assert "powersgd:1" not in ran
+    pruned = [d for d in auto.decisions if d["event"] == "pruned"]
+    assert [d["method"] for d in pruned] == ["powersgd:1"]
+    assert "lag above low_rank_lag=0.1" in pruned[0]["reason"]
+
+    auto = _auto(methods=["dense", "powersgd:4"], low_rank_lag=0.1, alpha=1.0,
+                 recheck_every=1000)
+    lag = {"value": 0.05}
+    _drive(auto, 10, {"dense": 2.0, "powersgd:4": 0.1}.get, {"powersgd:4": 0.3}.get,
+           lag_of=lambda k: lag["value"])
+    assert auto.current == "powersgd:4" and auto.phase == "run"
+    lag["value"] = 0.3
+    _drive(auto, 4, {"dense": 2.0, "powersgd:4": 0.1}.get, {"powersgd:4": 0.3}.get,
+           lag_of=lambda k: lag["value"])
+    recheck = [d for d in auto.decisions if d["event"] == "measured" and d.get("reason")]
+    assert recheck and recheck[0]["reason"] == "smoothed lag above low_rank_lag=0.1"
+    # Its entry: the mean lag of the run's last 2 x trial_steps steps, as for the gain.
+    assert recheck[0]["lag"] == pytest.approx((3 * 0.05 + 0.3) / 4)
 
 
 @pytest.mark.parametrize("run_next_gain, climbs", [(0.95, True), (0.8, False)])

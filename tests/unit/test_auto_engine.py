@@ -279,3 +279,42 @@ def test_a_step_whose_level_is_known_starts_its_exchange_before_the_gains():
         assert {o for phase, o in order if phase == "run"} == {run_first}
     for a, b in zip(runs["current"][0][1], runs["previous"][0][1]):
         assert torch.equal(a, b)
+
+
+def test_the_lag_is_the_residuals_projection_on_the_gradient_summed_over_ranks():
+    """Under ``low_rank_lag`` a PowerSGD step records lag = Σ⟨r, g⟩ / Σ‖g‖² over the
+    compressed layers and both ranks (r: the residual before the step, g: the raw
+    gradient), the same on every rank, and hands it to the controller; a sparse step
+    does not measure it."""
+    def job(comm):
+        model = _model()
+        opt, ctrl = _optimizer(comm, model, recheck_every=1000, epsilon=1e-6,
+                               low_rank_lag=0.5)
+        seen = []
+        ctrl.observe_lag = seen.append
+        gen = torch.Generator().manual_seed(comm.rank + 1)
+        params = dict(model.named_parameters())
+        out = []
+        for key in ("powersgd:4", "powersgd:4", "sparse:10", "powersgd:4"):
+            ctrl._switch(key, "run")
+            opt.zero_grad()
+            _backward(model, gen)
+            names = opt.compressed_layer_names
+            dot = sum(float(torch.dot(_residual(opt, n, params[n]).double(),
+                                      params[n].grad.view(-1).double())) for n in names)
+            g_sq = sum(float(params[n].grad.double().square().sum()) for n in names)
+            opt.step()
+            out.append((key, dot, g_sq, opt.last_stats.lag))
+        return out, seen
+    (r0, seen0), (r1, seen1) = run_ranks(2, job)
+    lags = []
+    for (key, dot0, sq0, lag0), (_, dot1, sq1, lag1) in zip(r0, r1):
+        assert lag0 == lag1
+        if key.startswith("sparse"):
+            assert lag0 is None
+            continue
+        assert lag0 == pytest.approx((dot0 + dot1) / (sq0 + sq1), rel=1e-5)   # (float32)
+        lags.append(lag0)
+    assert lags[0] == 0.0                      # no residual yet
+    assert lags[1] != 0.0 and lags[2] != 0.0   # rank 4 of a 96 x 40 layer leaves one
+    assert seen0 == seen1 == lags
