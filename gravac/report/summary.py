@@ -98,14 +98,17 @@ def decisions_section(run: Run) -> list[str]:
 
 def method_section(run: Run) -> list[str]:
     """Markdown lines: what ``controller: auto`` measured, pruned and chose, in order."""
+    # The residual's lag only where it was measured (``low_rank_lag``).
+    lag = any(e.get("lag") is not None for e in run.method_events)
     rows = [[str(e["step"]), e.get("event") or DASH, e.get("method") or DASH,
              _num(None if e.get("t") is None else 1000 * e["t"], ".1f"),
              _num(e.get("gain"), ".3f"), _num(e.get("gain_next"), ".3f"),
+             *([_num(e.get("lag"), ".3f")] if lag else []),
              _num(e.get("score"), ".4g"), _why(e)]
             for e in run.method_events]
     lines = [f"### {run.label}", ""] + _table(
-        ["After step", "Event", "Method", "Step ms", "Gain", "Next CF's gain", "Score",
-         "Why"], rows) + [""]
+        ["After step", "Event", "Method", "Step ms", "Gain", "Next CF's gain",
+         *(["Lag"] if lag else []), "Score", "Why"], rows) + [""]
     cost = exploration(run)
     if cost is not None:
         lines += [exploration_line(cost), ""]

@@ -395,3 +395,20 @@ def test_a_split_method_event_names_the_layers_it_sends_dense(tmp_path):
     text = (tmp_path / "report" / "report.md").read_text()
     assert ("| 1 | split | sparse:40/split | — | 0.910 | — | — | sparse:40's gain 0.69 is "
             "below epsilon=0.7; sent dense: rnn.weight_hh_l1 |") in text
+
+
+def test_the_method_table_shows_the_lag_only_where_it_was_measured(tmp_path):
+    records = [start("auto", "auto"), step(1, 1.0, 1.0, "min", 10.0, 1000.0)]
+    records.append({"kind": "method", "step": 5, "time": 1.0, "event": "measured",
+                    "method": "powersgd:4", "t": 0.05, "gain": 0.42, "lag": 0.031,
+                    "steps": 4})
+    records.append({"kind": "method", "step": 9, "time": 2.0, "event": "measured",
+                    "method": "sparse:10", "t": 0.5, "gain": 0.61, "steps": 4})
+    build_report([write_run(tmp_path / "auto", records)], tmp_path / "report")
+    text = (tmp_path / "report" / "report.md").read_text()
+    assert "| Next CF's gain | Lag | Score |" in text
+    assert "| 5 | measured | powersgd:4 | 50.0 | 0.420 | — | 0.031 | — |  |" in text
+    assert "| 9 | measured | sparse:10 | 500.0 | 0.610 | — | — | — |  |" in text
+    records.pop(2)
+    build_report([write_run(tmp_path / "no_lag", records)], tmp_path / "report2")
+    assert "Lag" not in (tmp_path / "report2" / "report.md").read_text()
