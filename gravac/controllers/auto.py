@@ -65,6 +65,14 @@ How it explores, cheaply:
   Set, it replaces ε for the PowerSGD methods wherever ε decides (eligibility, fallback,
   pruning of lower ranks, abandoning a trial); the sparsifier keeps ε.
 
+* **PowerSGD judged by its residual's lag** (``low_rank_lag``, unset by default). The
+  PowerSGD plans also measure Σ⟨r, g⟩ / Σ‖g‖² (``StepPlan.measure_lag``: the residual's
+  part along the step's raw gradient, in steps of it), and a PowerSGD method is eligible
+  while that lag, not its gain, is at most ``low_rank_lag`` wherever ε decides; its score
+  stays gain / step time. Over a whole run the lag tells the methods that train within
+  2% of dense from those that do not; over a trial's few steps it can be mostly batch
+  noise (docs/ALGORITHM.md §15).
+
 Per step, a chosen compressed method whose smoothed gain (EWMA with ``alpha``, started
 from the gain that chose it) falls below ε sends dense (GraVAC's fallback); its residual
 stays in error feedback. A trial sends its method in every step: it measures that method's

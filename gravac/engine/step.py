@@ -269,6 +269,10 @@ class StepEngine:
             self.controller.on_lr_decay()
         plan = self.controller.plan(step)
         self.exchange = self._exchange_for(plan.method)
+        if plan.measure_lag and not plan.needs_gains:
+            # (Its terms ride in the gains' allreduce.)
+            raise RuntimeError("a plan asked for the residual's lag without gains "
+                               "(StepPlan.measure_lag needs needs_gains)")
         if plan.layer_gains and not self.exchange.selects_every_layer:
             # (The plan is the same on every rank: every rank raises here.)
             raise RuntimeError(f"a plan asked for per-layer gains over the {self.exchange.kind} "

@@ -318,3 +318,23 @@ def test_the_lag_is_the_residuals_projection_on_the_gradient_summed_over_ranks()
     assert lags[0] == 0.0                      # no residual yet
     assert lags[1] != 0.0 and lags[2] != 0.0   # rank 4 of a 96 x 40 layer leaves one
     assert seen0 == seen1 == lags
+
+
+def test_a_plan_asking_for_the_lag_without_gains_is_refused_in_one_line():
+    from dataclasses import replace
+
+    from gravac.controllers import Static
+
+    class _LagOnly(Static):
+        def plan(self, step):
+            return replace(super().plan(step), measure_lag=True)
+
+    from gravac.comm import LocalComm
+
+    model = _model()
+    opt = wrap_optimizer(torch.optim.SGD(model.parameters(), lr=0.05), model.named_parameters(),
+                         LocalComm(), compressor="topk", controller=_LagOnly(cf=10),
+                         min_compress_numel=256)
+    _backward(model, torch.Generator().manual_seed(1))
+    with pytest.raises(RuntimeError, match="measure_lag needs needs_gains"):
+        opt.step()
