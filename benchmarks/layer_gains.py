@@ -94,29 +94,39 @@ def parse_method(text: str):
     raise SystemExit(f"--methods {text!r}: write sparse:CF or powersgd:RANK")
 
 
-def measure(workload: str, steps: int, measure_steps: int, methods: list[str]) -> dict:
+def one_process(workload: str, steps: int):
+    """``workload``'s task on one process (local transport, its config's seed) and its
+    config's SGD over the task's model, unwrapped: (task, optimizer)."""
     config, _, _ = WORKLOADS[workload]
     cfg = load_config([str(REPO / config), str(REPO / "configs/compression/dense.yaml")],
                       ["run.backend=local", f"run.steps={steps}", "run.report=false"])
     torch.manual_seed(cfg.run.seed)
     task = build_task(cfg, 0, 1)
-    model = task.model
     o = cfg.optimizer
-    opt = torch.optim.SGD(model.parameters(), lr=o.lr, momentum=o.momentum,
-                          weight_decay=o.weight_decay)
+    return task, torch.optim.SGD(task.model.parameters(), lr=o.lr, momentum=o.momentum,
+                                 weight_decay=o.weight_decay)
+
+
+def endless_batches(task):
+    """``task``'s training batches, epoch after epoch."""
+    epoch = 0
+    while True:
+        yield from task.batches(epoch, 0)
+        epoch += 1
+
+
+def measure(workload: str, steps: int, measure_steps: int, methods: list[str]) -> dict:
+    task, opt = one_process(workload, steps)
+    model = task.model
     layers = [(n, p) for n, p in model.named_parameters() if p.numel() >= MIN_COMPRESS_NUMEL]
     compressors = {text: parse_method(text) for text in methods}
     residual = {text: {n: torch.zeros_like(p) for n, p in layers} for text in methods}
     # Per method and layer: sums of ||C(g_ef)||^2 and ||g_ef||^2 over the measured steps.
     kept = {text: dict.fromkeys((n for n, _ in layers), 0.0) for text in methods}
     total = {text: dict.fromkeys((n for n, _ in layers), 0.0) for text in methods}
-    batches, epoch, step = task.batches(0, 0), 0, 0
+    batches, step = endless_batches(task), 0
     while step < steps:
-        batch = next(batches, None)
-        if batch is None:
-            epoch += 1
-            batches = task.batches(epoch, 0)
-            continue
+        batch = next(batches)
         opt.zero_grad()
         task.loss(batch).backward()
         with torch.no_grad():

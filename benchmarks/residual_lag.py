@@ -33,12 +33,11 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 import result_set  # noqa: E402
 from end_to_end import WORKLOADS  # noqa: E402
+from layer_gains import endless_batches, one_process  # noqa: E402
 
 from gravac.comm import LocalComm  # noqa: E402
 from gravac.controllers import Method, Static  # noqa: E402
 from gravac.engine import wrap_optimizer  # noqa: E402
-from gravac.train.config import load_config  # noqa: E402
-from gravac.train.tasks import build_task  # noqa: E402
 
 #: Steps a trial measures at most in this table's "first steps" columns (Auto's default
 #: trial: 1 settling step, 4 measured; the column takes steps 2-10 of a fresh run).
@@ -63,16 +62,9 @@ class _Measuring(Static):
 def train(workload: str, method: str, steps: int | None) -> list[dict]:
     """One run of ``method`` (``Method.parse``'s text) on ``workload``: per step its loss,
     energy gain and lag (None for dense)."""
-    config, _, default_steps = WORKLOADS[workload]
-    steps = steps or default_steps
-    cfg = load_config([str(REPO / config), str(REPO / "configs/compression/dense.yaml")],
-                      ["run.backend=local", f"run.steps={steps}", "run.report=false"])
-    torch.manual_seed(cfg.run.seed)
-    task = build_task(cfg, 0, 1)
+    steps = steps or WORKLOADS[workload][2]
+    task, sgd = one_process(workload, steps)
     model = task.model
-    o = cfg.optimizer
-    sgd = torch.optim.SGD(model.parameters(), lr=o.lr, momentum=o.momentum,
-                          weight_decay=o.weight_decay)
     m = Method.parse(method)
     if m.dense:
         opt = wrap_optimizer(sgd, model.named_parameters(), LocalComm(), compressor="none")
@@ -82,13 +74,9 @@ def train(workload: str, method: str, steps: int | None) -> list[dict]:
     else:
         opt = wrap_optimizer(sgd, model.named_parameters(), LocalComm(), compressor="topk",
                              controller=_Measuring(cf=m.level))
-    rows, batches, epoch = [], task.batches(0, 0), 0
+    rows, batches = [], endless_batches(task)
     while len(rows) < steps:
-        batch = next(batches, None)
-        if batch is None:
-            epoch += 1
-            batches = task.batches(epoch, 0)
-            continue
+        batch = next(batches)
         opt.zero_grad()
         loss = task.loss(batch)
         loss.backward()
