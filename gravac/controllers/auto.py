@@ -338,7 +338,7 @@ class Auto(Controller):
         s["delta"] = self._smooth(s["delta"], gain_min)
         if gain_c is not None:
             s["delta_c"] = self._smooth(s.get("delta_c"), gain_c)
-        lag = s.get("pending_lag") if self._lag_gated(s["current"]) else None
+        lag = s.get("pending_lag")           # (only a lag-gated plan measures it)
         if lag is not None:
             s["lag"] = self._smooth(s.get("lag"), lag)
         if s["phase"] == "trial":
@@ -367,8 +367,7 @@ class Auto(Controller):
         s = self._s
         s["step_in_phase"] += 1
         pending, s["pending"] = s["pending"], None
-        lag = s.pop("pending_lag", None) if self._lag_gated(s["current"]) else None
-        s.pop("pending_lag", None)
+        lag = s.pop("pending_lag", None)     # (only a lag-gated plan measures it)
         measured = record.sent in (SENT_MIN, SENT_DENSE) and record.t_iter is not None
         settle, length = self._trial_length() if s["phase"] == "trial" else (0, 0)
         if measured and s["step_in_phase"] > settle:
