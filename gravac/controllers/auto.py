@@ -69,9 +69,13 @@ How it explores, cheaply:
   PowerSGD plans also measure Σ⟨r, g⟩ / Σ‖g‖² (``StepPlan.measure_lag``: the residual's
   part along the step's raw gradient, in steps of it), and a PowerSGD method is eligible
   while that lag, not its gain, is at most ``low_rank_lag`` wherever ε decides; its score
-  stays gain / step time. Over a whole run the lag tells the methods that train within
-  2% of dense from those that do not; over a trial's few steps it can be mostly batch
-  noise (docs/ALGORITHM.md §15).
+  stays gain / step time. The lag is judged pooled over the method's last ``LAG_POOL``
+  measured steps, across its trials and runs, less one standard error: one step's lag
+  can be mostly batch noise, and a method is ruled out when its lag is above the
+  threshold by more than that noise. A step right after a switch of method does not
+  count (it measures the residual the method before left). Over a whole run the lag
+  tells the methods that train within 2% of dense from those that do not
+  (docs/ALGORITHM.md §15).
 
 Per step, a chosen compressed method whose smoothed gain (EWMA with ``alpha``, started
 from the gain that chose it) falls below ε sends dense (GraVAC's fallback); its residual
@@ -116,6 +120,11 @@ VALUE_BYTES = 4
 #: calibration's first measured step took up to 1.38x its trial's median (the LSTM at
 #: 1 Gbit/s, second step of training), a dense step after other methods 0.96-1.12x.
 PROBE_NOISE = 1.5
+#: How many of a PowerSGD method's latest measured steps its residual's lag is pooled over
+#: (``low_rank_lag``, ``Auto._judged_lag``): across its trials and runs, so a trial after a
+#: run adds to what the run measured. Over 64 steps a per-step deviation of 0.2 (the
+#: noisiest measured, the wide CNN on 2 ranks) leaves a standard error of 0.025.
+LAG_POOL = 64
 #: ``switch_margin``'s default: how much better than the running method's score another
 #: method's must be for a re-check to switch (``Auto._choose``).
 SWITCH_MARGIN = 0.05
@@ -151,8 +160,9 @@ class Auto(Controller):
             feedback trains at gains where Top-k does not (docs/ALGORITHM.md E13).
         low_rank_lag: instead of a gain threshold, the PowerSGD methods are eligible while
             their residual's lag, Σ⟨r, g⟩ / Σ‖g‖² (what error feedback holds back along
-            the next raw gradient, in steps of it), is at most this, in (0, 1]; their
-            score still weighs the step time by the energy gain. None (default): the
+            the next raw gradient, in steps of it), pooled over their last 64 measured
+            steps less its standard error, is at most this, in (0, 1]; their score
+            still weighs the step time by the energy gain. None (default): the
             gain decides (``epsilon_low_rank`` or ε). Not with ``epsilon_low_rank``.
         switch_margin: at a re-check, the method that was running stays while it is
             eligible and its score is within this fraction of the best (>= 0; 0: the
@@ -338,9 +348,13 @@ class Auto(Controller):
         s["delta"] = self._smooth(s["delta"], gain_min)
         if gain_c is not None:
             s["delta_c"] = self._smooth(s.get("delta_c"), gain_c)
-        lag = s.get("pending_lag")           # (only a lag-gated plan measures it)
-        if lag is not None:
-            s["lag"] = self._smooth(s.get("lag"), lag)
+        lag = s.pop("pending_lag", None)     # (only a lag-gated plan measures it)
+        if lag is not None and s["step_in_phase"] >= s.get("lag_settle", 0):
+            # (Not right after a switch: that lag is of the residual the method before left,
+            # rank 4's 0.38 after rank 1 on the wide CNN.)
+            pool = s.setdefault("lag_pool", {}).setdefault(s["current"], [])
+            pool.append(lag)
+            del pool[:-LAG_POOL]
         if s["phase"] == "trial":
             # A trial measures its method: a step sent dense would enter dense's time
             # under the method's name. Its mean gain decides eligibility; what a step
@@ -350,8 +364,6 @@ class Auto(Controller):
             # steps' gains do not count (``_measured_gains``).
             gains = s.setdefault("trial_gains", [])
             gains.append([gain_min, gain_c])
-            if lag is not None:
-                s.setdefault("trial_lags", []).append(lag)
             measured = self._measured_gains()
             if measured and self._trial_quality(measured) < self._near_epsilon(s["current"]):
                 s["abandon"] = True
@@ -367,13 +379,12 @@ class Auto(Controller):
         s = self._s
         s["step_in_phase"] += 1
         pending, s["pending"] = s["pending"], None
-        lag = s.pop("pending_lag", None)     # (only a lag-gated plan measures it)
         measured = record.sent in (SENT_MIN, SENT_DENSE) and record.t_iter is not None
         settle, length = self._trial_length() if s["phase"] == "trial" else (0, 0)
         if measured and s["step_in_phase"] > settle:
             gain_min, gain_c = pending if pending is not None else (1.0, None)
             s["samples"].append([record.t_iter, gain_min, gain_c, record.extra.get("t_comm"),
-                                 record.extra.get("t_pack"), lag])
+                                 record.extra.get("t_pack")])
         if s.pop("abandon", False):
             self._end_trial(record.step, sync, abandoned=True)
         elif s["phase"] == "trial" and s["step_in_phase"] >= settle + length:
@@ -391,7 +402,8 @@ class Auto(Controller):
             return f"recheck_every={self.recheck_every} steps"
         if self._fell_below(steps):
             if self._lag_gated(self._s["current"]):
-                return f"smoothed lag above low_rank_lag={self.low_rank_lag:g}"
+                return (f"pooled lag less its standard error above "
+                        f"low_rank_lag={self.low_rank_lag:g}")
             return f"smoothed gain below epsilon={self._epsilon(self._s['current']):g}"
         if self._next_clears(steps):
             return f"{self._next_cf_key()}'s gain clears epsilon={self.epsilon:g}"
@@ -401,8 +413,8 @@ class Auto(Controller):
         return None
 
     def _fell_below(self, steps: int) -> bool:
-        """The chosen method's smoothed gain fell below ε (after a trial's length of
-        steps): it is no longer eligible, so the re-check comes now, not after more steps
+        """The chosen method's smoothed gain (its judged lag, ``_judged_lag``) fell below
+        ε (after a trial's length of steps): it is no longer eligible, so the re-check comes now, not after more steps
         that each fall back to dense."""
         s, quality = self._s, self._run_quality()
         return (steps >= self.settle_steps + self.trial_steps and quality is not None
@@ -412,32 +424,51 @@ class Auto(Controller):
         """The mean agreed gain of the run's last 2 x ``trial_steps`` measured steps (None
         before that many): the gain the chosen method sends at now, where the smoothed one
         (GraVAC's EWMA, alpha = N/100) still remembers the switch."""
-        return self._recent(1)
-
-    def _recent(self, column: int) -> float | None:
-        """The mean of the samples' ``column`` (1: the gain, 5: the lag) over the run's
-        last 2 x ``trial_steps`` measured steps (None before that many, or without it)."""
         samples = self._s["samples"][-2 * self.trial_steps:]
-        values = [x[column] for x in samples if len(x) > column and x[column] is not None]
-        if len(samples) < 2 * self.trial_steps or len(values) < len(samples):
+        if len(samples) < 2 * self.trial_steps:
             return None
-        return statistics.fmean(values)
+        return statistics.fmean(x[1] for x in samples)
 
     def _recent_quality(self) -> float | None:
         """What the chosen method's threshold is compared with, over the recent steps: its
-        gain, or 1 - its lag under ``low_rank_lag`` (``_quality``)."""
+        gain, or under ``low_rank_lag`` 1 - its judged lag (``_judged_lag``: already over
+        its last steps)."""
         if self._lag_gated(self._s["current"]):
-            lag = self._recent(5)
-            return None if lag is None else 1.0 - lag
+            return self._run_quality()
         return self._recent_gain()
 
     def _run_quality(self) -> float | None:
-        """The chosen method's smoothed gain, or 1 - its smoothed lag under
+        """The chosen method's smoothed gain, or 1 - its judged lag under
         ``low_rank_lag`` (None before a step measured it)."""
         s = self._s
         if self._lag_gated(s["current"]):
-            return None if s.get("lag") is None else 1.0 - s["lag"]
+            lag = self._judged_lag(s["current"])
+            return None if lag is None else 1.0 - lag
         return s["delta"]
+
+    def _pooled_lag(self, key: str) -> dict:
+        """``key``'s lag over its last ``LAG_POOL`` measured steps, across its trials and
+        runs: {"lag": the mean, "lag_se": its standard error} (empty before a step
+        measured it; the error is 0 over one step)."""
+        lags = self._s.get("lag_pool", {}).get(key, [])
+        if not lags:
+            return {}
+        se = statistics.stdev(lags) / len(lags) ** 0.5 if len(lags) > 1 else 0.0
+        return {"lag": statistics.fmean(lags), "lag_se": se}
+
+    def _judged_lag(self, key: str) -> float | None:
+        """The lag that decides ``key``'s eligibility under ``low_rank_lag``: its pooled
+        lag less one standard error (``_pooled_lag``), or None before a step measured it.
+        One step's lag is mostly batch noise where the batch is noisy: on the wide CNN
+        (40% random labels, 2 ranks) rank 4's per-step lags had a standard deviation of
+        0.20 around a mean of 0.045, and the mean of 8 steps, 0.1003, ruled it out at
+        ``low_rank_lag: 0.1`` after it had run 21 steps at 0.05 s against fp16's 1.0 s
+        (``cpu_auto_wide_cnn_100mbit_lag_2026-11-28``). Pooled over a method's steps and
+        given the benefit of its noise, a lag is judged above the threshold when it is
+        above it by more than that noise: rank 1's, 0.24 on that workload, is within ~15
+        steps (``cpu_residual_lag_2026-11-28``)."""
+        pooled = self._pooled_lag(key)
+        return pooled["lag"] - pooled["lag_se"] if pooled else None
 
     def _run_score(self) -> float | None:
         """The run's score at its recent gain: that gain over the step time of its table
@@ -530,11 +561,8 @@ class Auto(Controller):
             delta = self._s["delta"]
             entry["gain"] = recent if recent is not None else \
                 delta if delta is not None else entry["gain"]
-            if self._lag_gated(self._s["current"]):
-                lag = self._recent(5)
-                lag = lag if lag is not None else self._s.get("lag")
-                if lag is not None:
-                    entry["lag"] = lag
+        if entry is not None and self._lag_gated(self._s["current"]):
+            entry.update(self._pooled_lag(self._s["current"]))
         entry = sync.broadcast_object(entry, name="gravac.auto.measure")
         self._s["table"][self._s["current"]] = entry
         self._s.setdefault("measured_at", {})[self._s["current"]] = step
@@ -555,27 +583,23 @@ class Auto(Controller):
             values = [x[i] for x in samples if len(x) > i and x[i] is not None]
             return statistics.median(values) if values else None
         nexts = [x[2] for x in samples if x[2] is not None]
-        lags = [x[5] for x in samples if len(x) > 5 and x[5] is not None]
         return {"t": median_of(0), "t_comm": median_of(3), "t_pack": median_of(4),
                 "gain": 1.0 if dense else statistics.fmean(x[1] for x in samples),
                 "gain_next": statistics.fmean(nexts) if nexts else None,
-                **({"lag": statistics.fmean(lags)} if lags else {}),
                 "steps": len(samples)}
 
     def _measured_gains(self) -> list:
         """The trial's (gain, next CF's gain) of its steps after settling."""
         return self._s.get("trial_gains", [])[self._trial_length()[0]:]
 
-    def _measured_lags(self) -> list:
-        """The trial's agreed lags of its steps after settling (``low_rank_lag``)."""
-        return self._s.get("trial_lags", [])[self._trial_length()[0]:]
-
     def _trial_quality(self, measured: list) -> float:
         """The trial's mean gain over its ``measured`` (gain, next gain) steps so far, or
-        under ``low_rank_lag`` 1 - its mean lag."""
-        lags = self._measured_lags()
-        if self._lag_gated(self._s["current"]) and lags:
-            return 1.0 - statistics.fmean(lags)
+        under ``low_rank_lag`` 1 - the method's judged lag (``_judged_lag``: its pooled
+        lag counts the trial's steps with its earlier ones)."""
+        lag = self._judged_lag(self._s["current"]) if self._lag_gated(self._s["current"]) \
+            else None
+        if lag is not None:
+            return 1.0 - lag
         return statistics.fmean(g for g, _ in measured)
 
     def _lag_gated(self, key: str) -> bool:
@@ -585,10 +609,11 @@ class Auto(Controller):
 
     def _quality(self, key: str, entry: dict) -> float:
         """What ``key``'s threshold (``_epsilon``) is compared with: the entry's gain, or
-        under ``low_rank_lag`` 1 - its lag (an entry without one, e.g. read from a
-        checkpoint written before, counts its gain)."""
+        under ``low_rank_lag`` 1 - its lag less its standard error (``_judged_lag``; an
+        entry without a lag, e.g. read from a checkpoint written before, counts its
+        gain)."""
         if self._lag_gated(key) and entry.get("lag") is not None:
-            return 1.0 - entry["lag"]
+            return 1.0 - (entry["lag"] - entry.get("lag_se", 0.0))
         return entry["gain"]
 
     def _epsilon(self, key: str) -> float:
@@ -614,16 +639,15 @@ class Auto(Controller):
             gains = self._measured_gains()
             nexts = [c for _, c in gains if c is not None]
             key = self._s["current"]
-            lags = self._measured_lags() if self._lag_gated(key) else []
-            reason = (f"mean lag above 1 - (1 - recheck_within) x (1 - low_rank_lag) = "
-                      f"{1 - self._near_epsilon(key):.4g}" if lags else
-                      f"mean gain below (1 - recheck_within) x epsilon = "
+            lagged = self._lag_gated(key) and self._judged_lag(key) is not None
+            reason = (f"pooled lag less its standard error above 1 - (1 - recheck_within)"
+                      f" x (1 - low_rank_lag) = {1 - self._near_epsilon(key):.4g}" if lagged
+                      else f"mean gain below (1 - recheck_within) x epsilon = "
                       f"{self._near_epsilon(key):.4g}")
             self._log(step, "abandoned", key, steps=len(self._s["trial_gains"]), reason=reason)
             self._measure(step, sync, gains={
                 "gain": statistics.fmean(g for g, _ in gains),
-                "gain_next": statistics.fmean(nexts) if nexts else None,
-                **({"lag": statistics.fmean(lags)} if lags else {})})
+                "gain_next": statistics.fmean(nexts) if nexts else None})
         else:
             self._measure(step, sync)
         s = self._s
@@ -824,15 +848,16 @@ class Auto(Controller):
         first step alone: at GraVAC's alpha (N/100) one first gain below ε would send
         dense for dozens of steps of a method chosen as eligible."""
         s = self._s
+        # A switch of method settles before the lag counts (``decide``), in a run as in a
+        # trial: its first steps measure the residual the previous method left.
+        s["lag_settle"] = self.settle_steps if key != s["current"] else 0
         if key != s["current"]:
-            s["delta"] = s["delta_c"] = s["lag"] = None
+            s["delta"] = s["delta_c"] = None
         entry = s["table"].get(key)
         if phase == "run" and entry is not None and not self._method(key).dense:
             s["delta"], s["delta_c"] = entry["gain"], entry.get("gain_next")
-            if entry.get("lag") is not None:
-                s["lag"] = entry["lag"]
         s.update(phase=phase, current=key, step_in_phase=0, samples=[], trial_gains=[],
-                 trial_lags=[], confirming=confirming, layer_energy={})
+                 confirming=confirming, layer_energy={})
 
     def _prune_by_gain(self, step: int) -> None:
         """Gains only fall with a higher CF or a lower rank: a gain below ε rules out every

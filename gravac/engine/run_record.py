@@ -124,15 +124,16 @@ KINDS: Mapping[str, RecordKind] = MappingProxyType({k.name: k for k in (
                        table=CF_TABLE)),
     # Auto's events (gravac/controllers/auto.py ``decisions``): "measured" (a trial's or
     # a run's table entry: median step time t, its waits t_comm, the mean gain and the
-    # next CF's gain_next over steps; probe: measured by a one-step probe), "abandoned"
+    # next CF's gain_next over steps; lag and lag_se: a PowerSGD method's pooled lag and
+    # its standard error under low_rank_lag; probe: measured by a one-step probe), "abandoned"
     # (a trial ended early: its gain so far far below ε; the reason and its steps),
     # "pruned" (with the reason), "split" (a split method proposed: the dense_layers it
     # sends dense, the gain predicted over the others), "chosen" (score = gain / t, and
     # every measured method's score). Several may share a step.
     _kind(METHOD, dict(time=NUMBER, step=STEP_INDEX, event=TEXT, method=TEXT, reason=TEXT,
                        t=NUMBER, t_comm=NUMBER, t_pack=NUMBER, gain=NUMBER,
-                       gain_next=NUMBER, lag=NUMBER, steps=INT, probe=FLAG, dense_layers=ANY,
-                       score=NUMBER, round=INT, scores=ANY)),
+                       gain_next=NUMBER, lag=NUMBER, lag_se=NUMBER, steps=INT, probe=FLAG,
+                       dense_layers=ANY, score=NUMBER, round=INT, scores=ANY)),
     _kind(NONFINITE, dict(step=STEP_INDEX, time=NUMBER, ranks=ANY)),
     _kind(ELASTIC_RESET, dict(step=STEP_INDEX, time=NUMBER, world_size=INT,
                               previous_world_size=INT, epoch=INT, batch_in_epoch=INT,

@@ -1,5 +1,7 @@
 """``Auto`` (controller: auto) with scripted step times and gains: what it runs, prunes
 and chooses, exactly; its byte prediction against the engine's size arithmetic; resume."""
+import statistics
+
 import pytest
 
 from gravac.controllers import SENT_DENSE, SENT_MIN, Auto, LocalSync, Method, StepRecord
@@ -708,7 +710,11 @@ def test_low_rank_lag_decides_powersgds_eligibility_and_its_gain_its_score(low_r
     rank 1's trial ends after its first measured step (mean lag 0.3 above
     1 - 0.85 x 0.9 = 0.235) and scores 0; Top-k stays at ε. The run sends compressed
     while its smoothed lag stays at most 0.1, dense above. Without the option only the
-    PowerSGD plans' gains count, and dense is chosen."""
+    PowerSGD plans' gains count, and dense is chosen.
+
+    In the run the per-step fallback reads rank 4's pooled lag less its standard error:
+    one step at 0.2 leaves it compressed; steps at 0.3 send dense from the first at which
+    the pooled lag's lower bound, computed here independently, is above 0.1."""
     auto = _auto(methods=["dense", "powersgd:4", "powersgd:1", "sparse:10"], alpha=1.0,
                  recheck_every=1000, low_rank_lag=low_rank_lag)
     gains = {"powersgd:4": 0.3, "powersgd:1": 0.2, "sparse:10": 0.45}
@@ -726,7 +732,7 @@ def test_low_rank_lag_decides_powersgds_eligibility_and_its_gain_its_score(low_r
     assert ran.count("powersgd:1") == 2         # settling, then one measured step
     abandoned = [d for d in auto.decisions if d["event"] == "abandoned"]
     assert [d["method"] for d in abandoned] == ["powersgd:1"]
-    assert "lag above" in abandoned[0]["reason"]
+    assert "pooled lag less its standard error above" in abandoned[0]["reason"]
     measured = {d["method"]: d for d in auto.decisions if d["event"] == "measured"}
     assert measured["powersgd:4"]["lag"] == pytest.approx(0.03)
     assert measured["powersgd:1"]["lag"] == pytest.approx(0.3)
@@ -737,19 +743,28 @@ def test_low_rank_lag_decides_powersgds_eligibility_and_its_gain_its_score(low_r
     assert auto.describe()["low_rank_lag"] == 0.1
     plan = auto.plan(12)
     assert plan.measure_lag
-    auto.observe_lag(0.05)
-    assert auto.decide(0.3, None) == SENT_MIN
-    auto.end_step(StepRecord(step=12, sent=SENT_MIN, cf=1.0, gain=0.3, t_iter=0.1), LocalSync())
-    auto.plan(13)
-    auto.observe_lag(0.2)
-    assert auto.decide(0.9, None) == SENT_DENSE  # the lag decides, not the gain
+    pool = [0.03, 0.03]                         # rank 4's trial, after its settling step
+    lags = [0.05, 0.2] + [0.3] * 20
+    for step, lag in enumerate(lags, start=12):
+        auto.plan(step)
+        auto.observe_lag(lag)
+        pool.append(lag)
+        sent = auto.decide(0.9, None)               # the lag decides, not the gain
+        lower = statistics.fmean(pool) - statistics.stdev(pool) / len(pool) ** 0.5
+        assert sent == (SENT_DENSE if lower > 0.1 else SENT_MIN), (step, pool)
+        if sent == SENT_DENSE:
+            break
+        auto.end_step(StepRecord(step=step, sent=sent, cf=1.0, gain=0.3, t_iter=0.1),
+                      LocalSync())
+    assert sent == SENT_DENSE and pool[-3:] == [0.3] * 3      # the third step at 0.3
 
 
 def test_low_rank_lag_prunes_the_lower_ranks_and_rechecks_when_the_run_lags():
     """Rank 4's trial lag 0.2 is above low_rank_lag 0.1: rank 1 is not run (a lower
     rank leaves more behind). Then with rank 4 eligible (lag 0.05) and chosen, its lag
-    rising to 0.3 in the run starts a re-check at its first such step, its reason naming
-    the lag."""
+    rising to 0.3 in the run starts a re-check at the first step at which its pooled lag
+    less its standard error is above 0.1 (computed here independently), its reason naming
+    the lag; its entry holds the pooled lag and its standard error."""
     auto = _auto(methods=["dense", "powersgd:4", "powersgd:1"], low_rank_lag=0.1)
     ran = _drive(auto, 8, {"dense": 2.0, "powersgd:4": 0.1, "powersgd:1": 0.05}.get,
                  {"powersgd:4": 0.2, "powersgd:1": 0.1}.get,
@@ -765,13 +780,55 @@ def test_low_rank_lag_prunes_the_lower_ranks_and_rechecks_when_the_run_lags():
     _drive(auto, 10, {"dense": 2.0, "powersgd:4": 0.1}.get, {"powersgd:4": 0.3}.get,
            lag_of=lambda k: lag["value"])
     assert auto.current == "powersgd:4" and auto.phase == "run"
+    pool = list(auto.state_dict()["state"]["lag_pool"]["powersgd:4"])
+    assert pool == [0.05] * len(pool) and len(pool) >= 2 + 4   # its trial's and run's
     lag["value"] = 0.3
-    _drive(auto, 4, {"dense": 2.0, "powersgd:4": 0.1}.get, {"powersgd:4": 0.3}.get,
-           lag_of=lambda k: lag["value"])
-    recheck = [d for d in auto.decisions if d["event"] == "measured" and d.get("reason")]
-    assert recheck and recheck[0]["reason"] == "smoothed lag above low_rank_lag=0.1"
-    # Its entry: the mean lag of the run's last 2 x trial_steps steps, as for the gain.
-    assert recheck[0]["lag"] == pytest.approx((3 * 0.05 + 0.3) / 4)
+    for step in range(30):
+        pool.append(0.3)
+        _drive(auto, 1, {"dense": 2.0, "powersgd:4": 0.1}.get, {"powersgd:4": 0.3}.get,
+               lag_of=lambda k: lag["value"])
+        recheck = [d for d in auto.decisions if d["event"] == "measured" and d.get("reason")]
+        lower = statistics.fmean(pool) - statistics.stdev(pool) / len(pool) ** 0.5
+        assert bool(recheck) == (lower > 0.1), pool
+        if recheck:
+            break
+    assert recheck[0]["reason"] == ("pooled lag less its standard error above "
+                                    "low_rank_lag=0.1")
+    assert recheck[0]["lag"] == pytest.approx(statistics.fmean(pool))
+    assert recheck[0]["lag_se"] == pytest.approx(statistics.stdev(pool) / len(pool) ** 0.5)
+
+
+def test_low_rank_lag_pools_a_methods_steps_so_a_noisy_burst_does_not_rule_it_out():
+    """Rank 4 (gain 0.3 below ε, lag 0.02) is chosen and runs 31 steps; then 6 steps lag
+    0.25 each, a mean over them far above low_rank_lag 0.1, but pooled with its 34
+    measured steps before: (34 x 0.02 + 6 x 0.25) / 40 = 0.0545 (its trial's 4, its run's
+    30: the run's first step, after rank 1's trial, settles). It keeps running
+    compressed, without a re-check. Then rank 1 runs a trial (lag 0.6 once settled; its settling step's 2.0 is
+    not counted); rank 4's next trial, whose first measured step is 0.4 (the residual
+    rank 1 left), pools with rank 4's earlier steps and is not abandoned."""
+    auto = _auto(methods=["dense", "powersgd:4", "powersgd:1"], low_rank_lag=0.1,
+                 alpha=1.0, recheck_every=1000, trial_steps=4)
+    lag = {"powersgd:4": iter([0.02] * 36 + [0.25] * 6), "powersgd:1": iter([2.0, 0.6])}
+    ran = _drive(auto, 46, {"dense": 2.0, "powersgd:4": 0.1, "powersgd:1": 0.05}.get,
+                 {"powersgd:4": 0.3, "powersgd:1": 0.1}.get, lag_of=lambda k: next(lag[k]))
+    assert ran == ["dense"] * 2 + ["powersgd:4"] * 5 + ["powersgd:1"] * 2 + ["powersgd:4"] * 37
+    assert auto.phase == "run"
+    assert not [d for d in auto.decisions if d["event"] == "measured" and d.get("reason")]
+    pools = auto.state_dict()["state"]["lag_pool"]
+    assert pools["powersgd:4"] == pytest.approx([0.02] * 34 + [0.25] * 6)
+    assert pools["powersgd:1"] == [0.6]
+    assert [d["method"] for d in auto.decisions if d["event"] == "abandoned"] \
+        == ["powersgd:1"]
+    # Rank 4's re-trial after rank 1: a first measured step of 0.4 pools with 40 others.
+    auto._switch("powersgd:1", "run")
+    auto._switch("powersgd:4", "trial")
+    lag["powersgd:4"] = iter([0.9, 0.4, 0.03, 0.03, 0.03])
+    _drive(auto, 5, {"powersgd:4": 0.1}.get, {"powersgd:4": 0.3}.get,
+           lag_of=lambda k: next(lag[k]))
+    assert not [d for d in auto.decisions if d["event"] == "abandoned"
+                and d["method"] == "powersgd:4"]
+    assert auto.state_dict()["state"]["lag_pool"]["powersgd:4"][-4:] \
+        == pytest.approx([0.4, 0.03, 0.03, 0.03])
 
 
 @pytest.mark.parametrize("run_next_gain, climbs", [(0.95, True), (0.8, False)])
