@@ -413,9 +413,10 @@ class Auto(Controller):
         return None
 
     def _fell_below(self, steps: int) -> bool:
-        """The chosen method's smoothed gain (its judged lag, ``_judged_lag``) fell below
-        ε (after a trial's length of steps): it is no longer eligible, so the re-check comes now, not after more steps
-        that each fall back to dense."""
+        """The chosen method's smoothed gain fell below ε, or under ``low_rank_lag`` its
+        judged lag (``_judged_lag``) rose above it (after a trial's length of steps): it
+        is no longer eligible, so the re-check comes now, not after more steps that each
+        fall back to dense."""
         s, quality = self._s, self._run_quality()
         return (steps >= self.settle_steps + self.trial_steps and quality is not None
                 and quality < self._epsilon(s["current"]))
@@ -465,8 +466,8 @@ class Auto(Controller):
         ``low_rank_lag: 0.1`` after it had run 21 steps at 0.05 s against fp16's 1.0 s
         (``cpu_auto_wide_cnn_100mbit_lag_2026-11-28``). Pooled over a method's steps and
         given the benefit of its noise, a lag is judged above the threshold when it is
-        above it by more than that noise: rank 1's, 0.24 on that workload, is within ~15
-        steps (``cpu_residual_lag_2026-11-28``)."""
+        above it by more than that noise: rank 1's, 0.24 on that workload, from its 15th
+        step (``cpu_residual_lag_2026-11-28``, one process)."""
         pooled = self._pooled_lag(key)
         return pooled["lag"] - pooled["lag_se"] if pooled else None
 

@@ -799,13 +799,14 @@ def test_low_rank_lag_prunes_the_lower_ranks_and_rechecks_when_the_run_lags():
 
 
 def test_low_rank_lag_pools_a_methods_steps_so_a_noisy_burst_does_not_rule_it_out():
-    """Rank 4 (gain 0.3 below ε, lag 0.02) is chosen and runs 31 steps; then 6 steps lag
-    0.25 each, a mean over them far above low_rank_lag 0.1, but pooled with its 34
-    measured steps before: (34 x 0.02 + 6 x 0.25) / 40 = 0.0545 (its trial's 4, its run's
-    30: the run's first step, after rank 1's trial, settles). It keeps running
-    compressed, without a re-check. Then rank 1 runs a trial (lag 0.6 once settled; its settling step's 2.0 is
-    not counted); rank 4's next trial, whose first measured step is 0.4 (the residual
-    rank 1 left), pools with rank 4's earlier steps and is not abandoned."""
+    """Rank 4 (gain 0.3, below ε; lag 0.02) is tried, then rank 1 (its settling step's
+    lag 2.0 does not count; its measured 0.6 ends its trial), and rank 4 is chosen. In
+    its run, after 31 steps at 0.02 (the first settles: rank 1's trial came before), 6
+    steps at 0.25 each: their mean is far above low_rank_lag 0.1, but pooled with its 34
+    measured steps before (its trial's 4, its run's 30), (34 x 0.02 + 6 x 0.25) / 40 =
+    0.0545. It keeps running compressed, without a re-check. Its next trial after rank 1,
+    whose first measured step is 0.4 (the residual rank 1 left), pools with its earlier
+    steps and is not abandoned."""
     auto = _auto(methods=["dense", "powersgd:4", "powersgd:1"], low_rank_lag=0.1,
                  alpha=1.0, recheck_every=1000, trial_steps=4)
     lag = {"powersgd:4": iter([0.02] * 36 + [0.25] * 6), "powersgd:1": iter([2.0, 0.6])}
