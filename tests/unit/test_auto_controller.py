@@ -707,9 +707,8 @@ def test_low_rank_lag_decides_powersgds_eligibility_and_its_gain_its_score(low_r
     """Gains: powersgd:4 0.3, powersgd:1 0.2, sparse:10 0.45, all below ε = 0.5. Lags:
     rank 4 0.03, rank 1 0.3. With low_rank_lag 0.1 rank 4 is eligible (its lag is at
     most 0.1) and chosen at its energy gain's score, 0.3 / 0.1 = 3, against dense's 0.5;
-    rank 1's trial ends after its first measured step (mean lag 0.3 above
-    1 - 0.85 x 0.9 = 0.235) and scores 0; Top-k stays at ε. The run sends compressed
-    while its smoothed lag stays at most 0.1, dense above. Without the option only the
+    rank 1's trial ends after its first measured step (its one pooled lag, 0.3, above
+    1 - 0.85 x 0.9 = 0.235) and scores 0; Top-k stays at ε. Without the option only the
     PowerSGD plans' gains count, and dense is chosen.
 
     In the run the per-step fallback reads rank 4's pooled lag less its standard error:
