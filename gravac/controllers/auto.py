@@ -68,8 +68,9 @@ How it explores, cheaply:
 * **PowerSGD judged by its residual's lag** (``low_rank_lag``, unset by default). The
   PowerSGD plans also measure Σ⟨r, g⟩ / Σ‖g‖² (``StepPlan.measure_lag``: the residual's
   part along the step's raw gradient, in steps of it), and a PowerSGD method is eligible
-  while that lag, not its gain, is at most ``low_rank_lag`` wherever ε decides; its score
-  stays gain / step time. The lag is judged pooled over the method's last ``LAG_POOL``
+  while that lag, not its gain, is at most ``low_rank_lag`` wherever ε decides, and its
+  score is 1 - that lag (at most 1) over its step time: its energy gain, which decays as
+  error feedback fills the residual, neither rules it out nor values its steps. The lag is judged pooled over the method's last ``LAG_POOL``
   measured steps, across its trials and runs, less one standard error: one step's lag
   can be mostly batch noise, and a method is ruled out when its lag is above the
   threshold by more than that noise. A step right after a switch of method does not
@@ -163,7 +164,7 @@ class Auto(Controller):
             their residual's lag, Σ⟨r, g⟩ / Σ‖g‖² (what error feedback holds back along
             the next raw gradient, in steps of it), pooled over their last 64 measured
             steps less its standard error, is at most this, in (0, 1]; their score
-            still weighs the step time by the energy gain. None (default): the
+            is 1 - that lag (at most 1) over the step time. None (default): the
             gain decides (``epsilon_low_rank`` or ε). Not with ``epsilon_low_rank``.
         switch_margin: at a re-check, the method that was running stays while it is
             eligible and its score is within this fraction of the best (>= 0; 0: the
@@ -482,16 +483,17 @@ class Auto(Controller):
         return self._lower_lag(pooled) if pooled else None
 
     def _run_score(self) -> float | None:
-        """The run's score at its recent gain: that gain over the step time of its table
-        entry (None before ``_recent_gain`` has its steps). Only agreed values: the gains
-        are agreed and the entry is rank 0's, broadcast, while this run's own step times
-        are each rank's. A re-check is a broadcast, so a trigger read from local timings
-        could start it on one rank and not on another: a hang."""
-        recent = self._recent_gain()
+        """The run's score at its recent quality (``_recent_quality``: its recent gain, or
+        1 - its judged lag under ``low_rank_lag``): what that is worth over the step time
+        of its table entry (None before it is known). Only agreed values: the gains and
+        lags are agreed and the entry is rank 0's, broadcast, while this run's own step
+        times are each rank's. A re-check is a broadcast, so a trigger read from local
+        timings could start it on one rank and not on another: a hang."""
+        recent = self._recent_quality()
         entry = self._s["table"].get(self._s["current"])
         if recent is None or entry is None or not entry.get("t"):
             return None
-        return recent / entry["t"]
+        return self._worth(recent) / entry["t"]
 
     def _drifted(self) -> bool:
         """The chosen compressed method's recent gain fell more than ``recheck_within``
@@ -501,15 +503,17 @@ class Auto(Controller):
         is within ``recheck_within`` of the run's own (the re-check's queue). A drift that
         leaves the method well ahead does not start trials: on the LSTM at 100 Mbit/s a
         split's gain, drifting without changing the choice, re-checked every 10-30 steps
-        (28% of the run exploring, ``cpu_auto_lstm_100mbit_split_2026-11-28``)."""
+        (28% of the run exploring, ``cpu_auto_lstm_100mbit_split_2026-11-28``). Not a
+        method judged by its lag (``low_rank_lag``): its decaying gain says nothing of its
+        lag, which ``_fell_below`` judges."""
         s, recent = self._s, self._recent_gain()
         key = s["current"]
         entry = s["table"].get(key)
         if (recent is None or entry is None or self._method(key).dense
+                or self._lag_gated(key)
                 or recent >= (1 - self.recheck_within) * entry["gain"]):
             return False
-        quality = self._recent_quality()
-        if quality is not None and quality < self._epsilon(key):
+        if recent < self._epsilon(key):
             return True
         run = self._run_score()
         rivals = [self._score(k) for k in s["table"] if k != key]
@@ -946,11 +950,20 @@ class Auto(Controller):
             (key == "dense" or self._quality(key, e) >= self._epsilon(key))
 
     def _score(self, key: str) -> float:
-        """Compression throughput per sample: gain / step time (samples per step fixed)."""
+        """Compression throughput per sample: what a step is worth (``_worth``) / step
+        time (samples per step fixed); 0 for a method not eligible."""
         if not self._eligible(key):
             return 0.0
         e = self._s["table"][key]
-        return e["gain"] / e["t"]
+        return self._worth(self._quality(key, e)) / e["t"]
+
+    @staticmethod
+    def _worth(quality: float) -> float:
+        """What one step of a method is worth against a dense step, from its quality
+        (``_quality``): its gain (GraVAC's compression throughput), or under
+        ``low_rank_lag`` 1 - its judged lag, capped at a dense step's 1 (a lag below 0 is
+        noise around 0: a step is worth no more than a dense one)."""
+        return min(quality, 1.0)
 
     def _best_score(self) -> float:
         return max((self._score(k) for k in self._s["table"]), default=0.0)

@@ -703,10 +703,10 @@ def test_epsilon_low_rank_prunes_the_lower_ranks_below_it():
 
 
 @pytest.mark.parametrize("low_rank_lag", [None, 0.1])
-def test_low_rank_lag_decides_powersgds_eligibility_and_its_gain_its_score(low_rank_lag):
+def test_low_rank_lag_decides_powersgds_eligibility_and_its_score(low_rank_lag):
     """Gains: powersgd:4 0.3, powersgd:1 0.2, sparse:10 0.45, all below ε = 0.5. Lags:
     rank 4 0.03, rank 1 0.3. With low_rank_lag 0.1 rank 4 is eligible (its lag is at
-    most 0.1) and chosen at its energy gain's score, 0.3 / 0.1 = 3, against dense's 0.5;
+    most 0.1) and chosen at its lag's score, (1 - 0.03) / 0.1 = 9.7, against dense's 0.5;
     rank 1's trial ends after its first measured step (its one pooled lag, 0.3, above
     1 - 0.85 x 0.9 = 0.235) and scores 0; Top-k stays at ε. Without the option only the
     PowerSGD plans' gains count, and dense is chosen.
@@ -737,7 +737,7 @@ def test_low_rank_lag_decides_powersgds_eligibility_and_its_gain_its_score(low_r
     assert measured["powersgd:1"]["lag"] == pytest.approx(0.3)
     assert "lag" not in measured["sparse:10"]
     assert chosen["method"] == "powersgd:4" == auto.current
-    assert chosen["score"] == pytest.approx(0.3 / 0.1)
+    assert chosen["score"] == pytest.approx((1 - 0.03) / 0.1)
     assert chosen["scores"]["powersgd:1"] == 0.0
     assert auto.describe()["low_rank_lag"] == 0.1
     plan = auto.plan(12)
@@ -756,6 +756,37 @@ def test_low_rank_lag_decides_powersgds_eligibility_and_its_gain_its_score(low_r
         auto.end_step(StepRecord(step=step, sent=sent, cf=1.0, gain=0.3, t_iter=0.1),
                       LocalSync())
     assert sent == SENT_DENSE and pool[-3:] == [0.3] * 3      # the third step at 0.3
+
+
+@pytest.mark.parametrize("low_rank_lag", [None, 0.1])
+def test_low_rank_lag_values_a_powersgd_step_by_its_lag_not_its_decaying_gain(low_rank_lag):
+    """The wide CNN at 1 Gbit/s: rank 4 (0.05 s a step) keeps 0.49 of g_ef's energy in its
+    trial and 0.41 in its run, as error feedback fills the residual; its lag is -0.02
+    throughout; fp16 takes 0.11 s. Under the gain (ε = 0.4) rank 4 is chosen at
+    0.49 / 0.05 = 9.8 against fp16's 1 / 0.11 = 9.09; its gain drifts more than 15% below
+    0.49, the re-check measures it at 0.41 / 0.05 = 8.2 and fp16 runs. Under the lag its
+    step is worth a dense one (1 - (-0.02), capped at 1): 1 / 0.05 = 20, and its decaying
+    gain re-checks nothing."""
+    auto = _auto(methods=["dense", "fp16", "powersgd:4"], epsilon=0.4, recheck_every=1000,
+                 low_rank_lag=low_rank_lag)
+    rank4 = iter([0.49] * 3 + [0.41] * 100)
+    gains = {"powersgd:4": lambda: next(rank4)}
+    _drive(auto, 60, {"dense": 1.0, "fp16": 0.11, "powersgd:4": 0.05}.get,
+           lambda k: gains[k](), lag_of=lambda k: -0.02)
+    chosen = [d for d in auto.decisions if d["event"] == "chosen"]
+    rechecks = [d for d in auto.decisions if d["event"] == "measured" and d.get("reason")]
+    if low_rank_lag is None:
+        assert [d["method"] for d in chosen] == ["powersgd:4", "fp16"]
+        assert chosen[0]["score"] == pytest.approx(0.49 / 0.05)
+        assert "recheck_within" in rechecks[0]["reason"]
+        assert rechecks[0]["gain"] == pytest.approx(0.41)
+        assert chosen[1]["scores"]["powersgd:4"] == pytest.approx(0.41 / 0.05)
+        assert auto.current == "fp16"
+        return
+    assert [d["method"] for d in chosen] == ["powersgd:4"] and not rechecks
+    assert chosen[0]["score"] == pytest.approx(1 / 0.05)
+    assert chosen[0]["scores"]["fp16"] == pytest.approx(1 / 0.11)
+    assert auto.current == "powersgd:4" and auto.phase == "run"
 
 
 def test_low_rank_lag_prunes_the_lower_ranks_and_rechecks_when_the_run_lags():
