@@ -70,12 +70,15 @@ How it explores, cheaply:
   part along the step's raw gradient, in steps of it), and a PowerSGD method is eligible
   while that lag, not its gain, is at most ``low_rank_lag`` wherever ε decides, and its
   score is 1 - that lag (at most 1) over its step time: its energy gain, which decays as
-  error feedback fills the residual, neither rules it out nor values its steps. The lag is judged pooled over the method's last ``LAG_POOL``
-  measured steps, across its trials and runs, less one standard error: one step's lag
-  can be mostly batch noise, and a method is ruled out when its lag is above the
-  threshold by more than that noise. A step right after a switch of method does not
-  count (it measures the residual the method before left). Over a whole run the lag
-  tells the methods that train within 2% of dense from those that do not
+  error feedback fills the residual, neither rules it out nor values its steps. The lag
+  is pooled over the method's last ``LAG_POOL`` measured steps, across its trials and
+  runs, and judged with its standard error: the method that holds the run is dropped
+  once its lag is above the threshold by more than that error, any other is admitted
+  once its lag is below it by as much (one step's lag can be mostly batch noise, and a
+  trial's few steps admitted a method that then ran until its lag ruled it out). A step
+  right after a switch of method does not count (it measures the residual the method
+  before left). Over a whole run the lag tells the methods that train within 2% of
+  dense from those that do not
   (docs/ALGORITHM.md §15).
 
 Per step, a chosen compressed method whose smoothed gain (EWMA with ``alpha``, started
@@ -163,7 +166,8 @@ class Auto(Controller):
         low_rank_lag: instead of a gain threshold, the PowerSGD methods are eligible while
             their residual's lag, Σ⟨r, g⟩ / Σ‖g‖² (what error feedback holds back along
             the next raw gradient, in steps of it), pooled over their last 64 measured
-            steps less its standard error, is at most this, in (0, 1]; their score
+            steps, is at most this, in (0, 1]: less its standard error for the method
+            running, plus it for the others (dropped or admitted on evidence); their score
             is 1 - that lag (at most 1) over the step time. None (default): the
             gain decides (``epsilon_low_rank`` or ε). Not with ``epsilon_low_rank``.
         switch_margin: at a re-check, the method that was running stays while it is
@@ -463,10 +467,24 @@ class Auto(Controller):
         return {"lag": mean, "lag_se": se}
 
     @staticmethod
-    def _lower_lag(pooled: Mapping) -> float:
-        """A pooled lag (``_pooled_lag``, or a table entry holding one) less its standard
-        error: what is compared with ``low_rank_lag``."""
-        return pooled["lag"] - pooled.get("lag_se", 0.0)
+    def _bounded_lag(pooled: Mapping, held: bool = True) -> float:
+        """A pooled lag (``_pooled_lag``, or a table entry holding one) as it is compared
+        with ``low_rank_lag``: less its standard error for the method that holds the run
+        (``held``: it is dropped once its lag is shown above the threshold), plus it for
+        any other (admitted once its lag is shown below it). A trial's few steps leave
+        the error large: rank 1's trial on the wide CNN measured 0.085 ± 0.114, was chosen
+        on the benefit of that doubt and ran 18 steps until its lag, 0.158 ± 0.056, ruled
+        it out, while its residual set the loss back (``cpu_auto_wide_cnn_1gbit_lagscore_
+        2026-11-29``)."""
+        se = pooled.get("lag_se", 0.0)
+        return pooled["lag"] - se if held else pooled["lag"] + se
+
+    def _holds(self, key: str) -> bool:
+        """``key`` is the method that holds the run: the one running, or during a
+        re-check's trials the one that was (``_bounded_lag``)."""
+        s = self._s
+        holder = s.get("incumbent") or (s["current"] if s["phase"] == "run" else None)
+        return key == holder
 
     def _judged_lag(self, key: str) -> float | None:
         """The lag that decides ``key``'s eligibility under ``low_rank_lag``: its pooled
@@ -480,7 +498,7 @@ class Auto(Controller):
         above it by more than that noise: rank 1's, 0.24 on that workload, from its 15th
         step (``cpu_residual_lag_2026-11-28``, one process)."""
         pooled = self._pooled_lag(key)
-        return self._lower_lag(pooled) if pooled else None
+        return self._bounded_lag(pooled) if pooled else None
 
     def _run_score(self) -> float | None:
         """The run's score at its recent quality (``_recent_quality``: its recent gain, or
@@ -610,10 +628,27 @@ class Auto(Controller):
     def _trial_quality(self, measured: list) -> float:
         """The trial's mean gain over its ``measured`` (gain, next gain) steps so far, or
         under ``low_rank_lag`` 1 - the method's judged lag (``_judged_lag``: its pooled
-        lag counts the trial's steps with its earlier ones)."""
+        lag counts the trial's steps with its earlier ones), 0 where its mean gain so far
+        could not fill its residual by the trial's end (``_fills``) by a margin of
+        ``recheck_within``."""
         key = self._s["current"]
+        gain = statistics.fmean(g for g, _ in measured)
         lag = self._judged_lag(key) if self._lag_gated(key) else None
-        return statistics.fmean(g for g, _ in measured) if lag is None else 1.0 - lag
+        if lag is None:
+            return gain
+        return 1.0 - lag if self._fills(gain * self.trial_steps / (1 - self.recheck_within)) \
+            else 0.0
+
+    @staticmethod
+    def _fills(sent: float) -> bool:
+        """Steps that sent ``sent`` of g_ef's energy in all (their gains' sum) had their
+        residual fill to its size, so that its lag says what the method holds back: at
+        least one step's worth. A method that sends a fraction γ a step fills its residual
+        over about 1 / γ steps; before, its lag is small whatever the method: over a
+        4-step trial in ResNet-18's warm-up, ranks 4 and 1 (gains 0.16, 0.09) measured
+        -0.015 and 0.043, were chosen, and rank 1's lag reached 0.18 as it ran 43 steps,
+        ending 9% above dense's loss (``cpu_auto_resnet18_1gbit_lagscore_2026-11-29``)."""
+        return sent >= 1.0
 
     def _lag_gated(self, key: str) -> bool:
         """``key``'s eligibility is decided by its residual's lag (``low_rank_lag``: the
@@ -622,11 +657,15 @@ class Auto(Controller):
 
     def _quality(self, key: str, entry: dict) -> float:
         """What ``key``'s threshold (``_epsilon``) is compared with: the entry's gain, or
-        under ``low_rank_lag`` 1 - its lag less its standard error (``_judged_lag``; an
-        entry without a lag, e.g. read from a checkpoint written before, counts its
-        gain)."""
+        under ``low_rank_lag`` 1 - its lag, less its standard error for the method that
+        holds the run and plus it for the others (``_bounded_lag``), or 0 where the
+        entry's steps did not fill its residual (``_fills``: their mean gain x their
+        count below 1); an entry without a lag, e.g. read from a checkpoint written
+        before, counts its gain."""
         if self._lag_gated(key) and entry.get("lag") is not None:
-            return 1.0 - self._lower_lag(entry)
+            if not self._fills(entry["gain"] * entry.get("steps", 0)):
+                return 0.0          # its lag shows nothing yet (``_fills``)
+            return 1.0 - self._bounded_lag(entry, held=self._holds(key))
         return entry["gain"]
 
     def _epsilon(self, key: str) -> float:
@@ -652,11 +691,18 @@ class Auto(Controller):
             gains = self._measured_gains()
             nexts = [c for _, c in gains if c is not None]
             key = self._s["current"]
-            lagged = self._lag_gated(key) and self._judged_lag(key) is not None
-            reason = (f"pooled lag less its standard error above 1 - (1 - recheck_within)"
-                      f" x (1 - low_rank_lag) = {1 - self._near_epsilon(key):.4g}" if lagged
-                      else f"mean gain below (1 - recheck_within) x epsilon = "
-                      f"{self._near_epsilon(key):.4g}")
+            mean = statistics.fmean(g for g, _ in gains)
+            if not (self._lag_gated(key) and self._judged_lag(key) is not None):
+                reason = (f"mean gain below (1 - recheck_within) x epsilon = "
+                          f"{self._near_epsilon(key):.4g}")
+            elif not self._fills(mean * self.trial_steps / (1 - self.recheck_within)):
+                reason = (f"mean gain {mean:.3g} x trial_steps={self.trial_steps} below "
+                          f"(1 - recheck_within) = {1 - self.recheck_within:g}: its residual "
+                          "cannot fill for its lag to show")
+            else:
+                reason = (f"pooled lag less its standard error above 1 - (1 - "
+                          f"recheck_within) x (1 - low_rank_lag) = "
+                          f"{1 - self._near_epsilon(key):.4g}")
             self._log(step, "abandoned", key, steps=len(self._s["trial_gains"]), reason=reason)
             self._measure(step, sync, gains={
                 "gain": statistics.fmean(g for g, _ in gains),
@@ -785,7 +831,7 @@ class Auto(Controller):
         # skipped (NaN/Inf) has nothing measured: dense, until the re-check.
         best = max((k for k in s["table"] if self._eligible(k)), key=self._score,
                    default="dense")
-        incumbent, extra = s.pop("incumbent", None), {}
+        incumbent, extra = s.get("incumbent"), {}
         if (incumbent is not None and incumbent != best and self._eligible(incumbent)
                 and self._score(incumbent) >= (1 - self.switch_margin) * self._score(best)):
             extra = {"reason": f"within switch_margin={self.switch_margin:g} of {best}'s "
@@ -793,6 +839,7 @@ class Auto(Controller):
             best = incumbent
         self._log(step, "chosen", best, score=self._score(best), round=s["round"],
                   scores={k: self._score(k) for k in s["table"]}, **extra)
+        s.pop("incumbent", None)        # (read by the scores above: ``_holds``)
         self._switch(best, "run")
 
     def _cannot_win(self, bound: float, best: float) -> bool:
@@ -894,8 +941,12 @@ class Auto(Controller):
             # (A lower rank leaves more in the residual: a larger lag as well.)
             out = [k for k in s["queue"] if self._method(k).kind == "powersgd"
                    and self._method(k).level <= m.level]
-        why = (f"lag above low_rank_lag={self.low_rank_lag:g}" if self._lag_gated(key)
-               else f"gain below epsilon={self._epsilon(key):g}")
+        if not self._lag_gated(key):
+            why = f"gain below epsilon={self._epsilon(key):g}"
+        elif self._fills(entry["gain"] * entry.get("steps", 0)):
+            why = f"lag above low_rank_lag={self.low_rank_lag:g}"
+        else:
+            why = "residual not filled for its lag to show"
         for k in out:
             s["queue"].remove(k)
             self._log(step, "pruned", k, reason=f"{why} (measured with {key})")

@@ -704,7 +704,8 @@ def test_epsilon_low_rank_prunes_the_lower_ranks_below_it():
 
 @pytest.mark.parametrize("low_rank_lag", [None, 0.1])
 def test_low_rank_lag_decides_powersgds_eligibility_and_its_score(low_rank_lag):
-    """Gains: powersgd:4 0.3, powersgd:1 0.2, sparse:10 0.45, all below ε = 0.5. Lags:
+    """Gains: powersgd:4 0.3, powersgd:1 0.25, sparse:10 0.45, all below ε = 0.5, over
+    trials of 4 measured steps (enough for either rank's residual to fill). Lags:
     rank 4 0.03, rank 1 0.3. With low_rank_lag 0.1 rank 4 is eligible (its lag is at
     most 0.1) and chosen at its lag's score, (1 - 0.03) / 0.1 = 9.7, against dense's 0.5;
     rank 1's trial ends after its first measured step (its one pooled lag, 0.3, above
@@ -715,15 +716,15 @@ def test_low_rank_lag_decides_powersgds_eligibility_and_its_score(low_rank_lag):
     one step at 0.2 leaves it compressed; steps at 0.3 send dense from the first at which
     the pooled lag's lower bound, computed here independently, is above 0.1."""
     auto = _auto(methods=["dense", "powersgd:4", "powersgd:1", "sparse:10"], alpha=1.0,
-                 recheck_every=1000, low_rank_lag=low_rank_lag)
-    gains = {"powersgd:4": 0.3, "powersgd:1": 0.2, "sparse:10": 0.45}
+                 recheck_every=1000, low_rank_lag=low_rank_lag, trial_steps=4)
+    gains = {"powersgd:4": 0.3, "powersgd:1": 0.25, "sparse:10": 0.45}
     lags = {"powersgd:4": 0.03, "powersgd:1": 0.3}
-    ran = _drive(auto, 12, {"dense": 2.0, "powersgd:4": 0.1, "powersgd:1": 0.05,
+    ran = _drive(auto, 16, {"dense": 2.0, "powersgd:4": 0.1, "powersgd:1": 0.05,
                             "sparse:10": 0.5}.get, gains.get, lag_of=lags.get)
     chosen = [d for d in auto.decisions if d["event"] == "chosen"][0]
     assert chosen["scores"]["sparse:10"] == 0.0
     if low_rank_lag is None:
-        assert not auto.plan(12).measure_lag
+        assert not auto.plan(16).measure_lag
         assert "powersgd:1" not in ran          # pruned by rank 4's gain below ε
         assert chosen["method"] == "dense" and chosen["scores"]["powersgd:4"] == 0.0
         assert "low_rank_lag" not in auto.describe()      # the hyper of older states
@@ -740,11 +741,11 @@ def test_low_rank_lag_decides_powersgds_eligibility_and_its_score(low_rank_lag):
     assert chosen["score"] == pytest.approx((1 - 0.03) / 0.1)
     assert chosen["scores"]["powersgd:1"] == 0.0
     assert auto.describe()["low_rank_lag"] == 0.1
-    plan = auto.plan(12)
+    plan = auto.plan(16)
     assert plan.measure_lag
-    pool = [0.03, 0.03]                         # rank 4's trial, after its settling step
+    pool = [0.03] * 5               # rank 4's trial's 4 steps, its run's second (the first settles)
     lags = [0.05, 0.2] + [0.3] * 20
-    for step, lag in enumerate(lags, start=12):
+    for step, lag in enumerate(lags, start=16):
         auto.plan(step)
         auto.observe_lag(lag)
         pool.append(lag)
@@ -768,8 +769,8 @@ def test_low_rank_lag_values_a_powersgd_step_by_its_lag_not_its_decaying_gain(lo
     step is worth a dense one (1 - (-0.02), capped at 1): 1 / 0.05 = 20, and its decaying
     gain re-checks nothing."""
     auto = _auto(methods=["dense", "fp16", "powersgd:4"], epsilon=0.4, recheck_every=1000,
-                 low_rank_lag=low_rank_lag)
-    rank4 = iter([0.49] * 3 + [0.41] * 100)
+                 low_rank_lag=low_rank_lag, trial_steps=4)
+    rank4 = iter([0.49] * 5 + [0.41] * 100)
     gains = {"powersgd:4": lambda: next(rank4)}
     _drive(auto, 60, {"dense": 1.0, "fp16": 0.11, "powersgd:4": 0.05}.get,
            lambda k: gains[k](), lag_of=lambda k: -0.02)
@@ -789,6 +790,75 @@ def test_low_rank_lag_values_a_powersgd_step_by_its_lag_not_its_decaying_gain(lo
     assert auto.current == "powersgd:4" and auto.phase == "run"
 
 
+def test_low_rank_lag_admits_a_method_shown_below_it_and_drops_the_running_one_shown_above():
+    """Rank 1 (0.03 s) measures lags 0.02 and 0.14 in its trial (after its settling step):
+    mean 0.08, standard error 0.06, so 0.14 plus the error is above low_rank_lag 0.1 and
+    it is not admitted, though 0.02 less it is below; rank 4 (0.05 s, 0.01) is chosen.
+    In its run its lags alternate 0 and 0.22: at the re-check its pooled lag less its
+    error is at most 0.1 and plus it above, computed here independently; it holds the
+    run, so it stays eligible, and rank 1, tried again (its step would beat the best
+    score) at 0.3, is not admitted: rank 4 is chosen again at (1 - its lower lag) / 0.05."""
+    auto = _auto(methods=["dense", "fp16", "powersgd:4", "powersgd:1"], low_rank_lag=0.1,
+                 recheck_every=10)
+    rank1 = iter([0.5, 0.02, 0.14, 0.5, 0.3, 0.3])
+    rank4 = iter([0.9, 0.01, 0.01, 0.9] + [0.0, 0.22] * 20)
+    lags = {"powersgd:1": rank1, "powersgd:4": rank4}
+    ran = _drive(auto, 29, {"dense": 1.0, "fp16": 0.11, "powersgd:4": 0.05,
+                            "powersgd:1": 0.03}.get,
+                 {"powersgd:4": 0.6, "powersgd:1": 0.55}.get, lag_of=lambda k: next(lags[k]))
+    assert ran[:9] == ["fp16"] * 2 + ["dense"] + ["powersgd:4"] * 3 + ["powersgd:1"] * 3
+    chosen = [d for d in auto.decisions if d["event"] == "chosen"]
+    assert chosen[0]["method"] == "powersgd:4"
+    assert chosen[0]["score"] == pytest.approx((1 - 0.01) / 0.05)
+    assert chosen[0]["scores"]["powersgd:1"] == 0.0
+    pool4 = [0.01, 0.01] + [0.0, 0.22] * 5
+    pool4 = pool4[:2 + 9]                   # the run's 10 steps, the first settling
+    se = statistics.stdev(pool4) / len(pool4) ** 0.5
+    lower, upper = statistics.fmean(pool4) - se, statistics.fmean(pool4) + se
+    assert lower <= 0.1 < upper
+    recheck = [d for d in auto.decisions if d["event"] == "measured" and d.get("reason")]
+    assert recheck[0]["method"] == "powersgd:4" and recheck[0]["reason"].startswith(
+        "recheck_every")
+    assert ran[19:22] == ["powersgd:1"] * 3 and not [
+        d for d in auto.decisions if d["event"] == "abandoned"]
+    assert [d["method"] for d in chosen] == ["powersgd:4", "powersgd:4"]
+    assert chosen[1]["score"] == pytest.approx((1 - lower) / 0.05)
+    assert chosen[1]["scores"]["powersgd:1"] == 0.0
+
+
+@pytest.mark.parametrize("low_rank_lag", [None, 0.1])
+def test_low_rank_lag_needs_a_trial_that_fills_its_residual(low_rank_lag):
+    """ResNet-18's warm-up: rank 4 keeps 0.16 of g_ef's energy a step, rank 1 0.09, and
+    over a trial of 4 steps their residuals have not filled: their lags are small
+    (-0.015, 0.04) whatever the method. Rank 4's first measured step projects 0.16 x 4 =
+    0.64 of a step's energy over its trial, below 1 - recheck_within = 0.85: the trial
+    ends there, its entry is not eligible and rules rank 1 out, as under the gain; fp16
+    is chosen. A rank whose trial fills (gain 0.3: 1.2) is judged by its lag."""
+    auto = _auto(methods=["dense", "fp16", "powersgd:4", "powersgd:1"], trial_steps=4,
+                 epsilon=0.7, low_rank_lag=low_rank_lag)
+    ran = _drive(auto, 12, {"dense": 0.85, "fp16": 0.49, "powersgd:4": 0.38,
+                            "powersgd:1": 0.35}.get,
+                 {"powersgd:4": 0.16, "powersgd:1": 0.09}.get,
+                 lag_of={"powersgd:4": -0.015, "powersgd:1": 0.04}.get)
+    assert ran.count("powersgd:4") == 2 and "powersgd:1" not in ran
+    abandoned = [d for d in auto.decisions if d["event"] == "abandoned"]
+    assert [d["method"] for d in abandoned] == ["powersgd:4"]
+    pruned = [d for d in auto.decisions if d["event"] == "pruned"]
+    assert [d["method"] for d in pruned] == ["powersgd:1"]
+    chosen = [d for d in auto.decisions if d["event"] == "chosen"]
+    assert chosen[0]["method"] == "fp16" and chosen[0]["scores"]["powersgd:4"] == 0.0
+    if low_rank_lag is not None:
+        assert "cannot fill" in abandoned[0]["reason"]
+        assert "residual not filled" in pruned[0]["reason"]
+        auto = _auto(methods=["dense", "fp16", "powersgd:4"], trial_steps=4,
+                     low_rank_lag=low_rank_lag)
+        _drive(auto, 14, {"dense": 0.85, "fp16": 0.49, "powersgd:4": 0.38}.get,
+               {"powersgd:4": 0.3}.get, lag_of={"powersgd:4": -0.015}.get)
+        chosen = [d for d in auto.decisions if d["event"] == "chosen"]
+        assert chosen[0]["method"] == "powersgd:4"
+        assert chosen[0]["score"] == pytest.approx(1 / 0.38)
+
+
 def test_low_rank_lag_prunes_the_lower_ranks_and_rechecks_when_the_run_lags():
     """Rank 4's trial lag 0.2 is above low_rank_lag 0.1: rank 1 is not run (a lower
     rank leaves more behind). Then with rank 4 eligible (lag 0.05) and chosen, its lag
@@ -797,7 +867,7 @@ def test_low_rank_lag_prunes_the_lower_ranks_and_rechecks_when_the_run_lags():
     the lag; its entry holds the pooled lag and its standard error."""
     auto = _auto(methods=["dense", "powersgd:4", "powersgd:1"], low_rank_lag=0.1)
     ran = _drive(auto, 8, {"dense": 2.0, "powersgd:4": 0.1, "powersgd:1": 0.05}.get,
-                 {"powersgd:4": 0.2, "powersgd:1": 0.1}.get,
+                 {"powersgd:4": 0.6, "powersgd:1": 0.55}.get,
                  lag_of={"powersgd:4": 0.2, "powersgd:1": 0.5}.get)
     assert "powersgd:1" not in ran
     pruned = [d for d in auto.decisions if d["event"] == "pruned"]
@@ -807,7 +877,7 @@ def test_low_rank_lag_prunes_the_lower_ranks_and_rechecks_when_the_run_lags():
     auto = _auto(methods=["dense", "powersgd:4"], low_rank_lag=0.1, alpha=1.0,
                  recheck_every=1000)
     lag = {"value": 0.05}
-    _drive(auto, 10, {"dense": 2.0, "powersgd:4": 0.1}.get, {"powersgd:4": 0.3}.get,
+    _drive(auto, 10, {"dense": 2.0, "powersgd:4": 0.1}.get, {"powersgd:4": 0.6}.get,
            lag_of=lambda k: lag["value"])
     assert auto.current == "powersgd:4" and auto.phase == "run"
     pool = list(auto.state_dict()["state"]["lag_pool"]["powersgd:4"])
@@ -815,7 +885,7 @@ def test_low_rank_lag_prunes_the_lower_ranks_and_rechecks_when_the_run_lags():
     lag["value"] = 0.3
     for step in range(30):
         pool.append(0.3)
-        _drive(auto, 1, {"dense": 2.0, "powersgd:4": 0.1}.get, {"powersgd:4": 0.3}.get,
+        _drive(auto, 1, {"dense": 2.0, "powersgd:4": 0.1}.get, {"powersgd:4": 0.6}.get,
                lag_of=lambda k: lag["value"])
         recheck = [d for d in auto.decisions if d["event"] == "measured" and d.get("reason")]
         lower = statistics.fmean(pool) - statistics.stdev(pool) / len(pool) ** 0.5
@@ -841,7 +911,7 @@ def test_low_rank_lag_pools_a_methods_steps_so_a_noisy_burst_does_not_rule_it_ou
                  alpha=1.0, recheck_every=1000, trial_steps=4)
     lag = {"powersgd:4": iter([0.02] * 36 + [0.25] * 6), "powersgd:1": iter([2.0, 0.6])}
     ran = _drive(auto, 46, {"dense": 2.0, "powersgd:4": 0.1, "powersgd:1": 0.05}.get,
-                 {"powersgd:4": 0.3, "powersgd:1": 0.1}.get, lag_of=lambda k: next(lag[k]))
+                 {"powersgd:4": 0.3, "powersgd:1": 0.3}.get, lag_of=lambda k: next(lag[k]))
     assert ran == ["dense"] * 2 + ["powersgd:4"] * 5 + ["powersgd:1"] * 2 + ["powersgd:4"] * 37
     assert auto.phase == "run"
     assert not [d for d in auto.decisions if d["event"] == "measured" and d.get("reason")]
