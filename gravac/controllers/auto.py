@@ -473,9 +473,9 @@ class Auto(Controller):
         (``held``: it is dropped once its lag is shown above the threshold), plus it for
         any other (admitted once its lag is shown below it). A trial's few steps leave
         the error large: rank 1's trial on the wide CNN measured 0.085 ± 0.114, was chosen
-        on the benefit of that doubt and ran 18 steps until its lag, 0.158 ± 0.056, ruled
-        it out, while its residual set the loss back (``cpu_auto_wide_cnn_1gbit_lagscore_
-        2026-11-29``)."""
+        on the benefit of that doubt and ran 17 steps until its lag, 0.159 ± 0.059, ruled
+        it out, while its residual set the loss back
+        (``cpu_auto_wide_cnn_1gbit_lagscore_unfilled_2026-11-29``)."""
         se = pooled.get("lag_se", 0.0)
         return pooled["lag"] - se if held else pooled["lag"] + se
 
@@ -646,8 +646,9 @@ class Auto(Controller):
         least one step's worth. A method that sends a fraction γ a step fills its residual
         over about 1 / γ steps; before, its lag is small whatever the method: over a
         4-step trial in ResNet-18's warm-up, ranks 4 and 1 (gains 0.16, 0.09) measured
-        -0.015 and 0.043, were chosen, and rank 1's lag reached 0.18 as it ran 43 steps,
-        ending 9% above dense's loss (``cpu_auto_resnet18_1gbit_lagscore_2026-11-29``)."""
+        -0.015 and 0.043; rank 1 was chosen, its lag reached 0.18 over the 43 steps it
+        ran, and the run ended 9% above dense's loss
+        (``cpu_auto_resnet18_1gbit_lagscore_unfilled_2026-11-29``)."""
         return sent >= 1.0
 
     def _lag_gated(self, key: str) -> bool:

@@ -743,7 +743,7 @@ def test_low_rank_lag_decides_powersgds_eligibility_and_its_score(low_rank_lag):
     assert auto.describe()["low_rank_lag"] == 0.1
     plan = auto.plan(16)
     assert plan.measure_lag
-    pool = [0.03] * 5               # rank 4's trial's 4 steps, its run's second (the first settles)
+    pool = [0.03] * 5       # rank 4's trial's 4 steps, its run's second (the first settles)
     lags = [0.05, 0.2] + [0.3] * 20
     for step, lag in enumerate(lags, start=16):
         auto.plan(step)
