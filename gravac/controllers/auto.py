@@ -636,20 +636,19 @@ class Auto(Controller):
         lag = self._judged_lag(key) if self._lag_gated(key) else None
         if lag is None:
             return gain
-        return 1.0 - lag if self._fills(gain * self.trial_steps / (1 - self.recheck_within)) \
-            else 0.0
+        return 1.0 - lag if self._fills(gain * self.trial_steps, self.recheck_within) else 0.0
 
     @staticmethod
-    def _fills(sent: float) -> bool:
+    def _fills(sent: float, margin: float = 0.0) -> bool:
         """Steps that sent ``sent`` of g_ef's energy in all (their gains' sum) had their
         residual fill to its size, so that its lag says what the method holds back: at
-        least one step's worth. A method that sends a fraction γ a step fills its residual
+        least one step's worth (less ``margin``, a fraction of it). A method that sends a fraction γ a step fills its residual
         over about 1 / γ steps; before, its lag is small whatever the method: over a
         4-step trial in ResNet-18's warm-up, ranks 4 and 1 (gains 0.16, 0.09) measured
         -0.015 and 0.043; rank 1 was chosen, its lag reached 0.18 over the 43 steps it
         ran, and the run ended 9% above dense's loss
         (``cpu_auto_resnet18_1gbit_lagscore_unfilled_2026-11-29``)."""
-        return sent >= 1.0
+        return sent >= 1.0 - margin
 
     def _lag_gated(self, key: str) -> bool:
         """``key``'s eligibility is decided by its residual's lag (``low_rank_lag``: the
@@ -696,7 +695,7 @@ class Auto(Controller):
             if not (self._lag_gated(key) and self._judged_lag(key) is not None):
                 reason = (f"mean gain below (1 - recheck_within) x epsilon = "
                           f"{self._near_epsilon(key):.4g}")
-            elif not self._fills(mean * self.trial_steps / (1 - self.recheck_within)):
+            elif not self._fills(mean * self.trial_steps, self.recheck_within):
                 reason = (f"mean gain {mean:.3g} x trial_steps={self.trial_steps} below "
                           f"(1 - recheck_within) = {1 - self.recheck_within:g}: its residual "
                           "cannot fill for its lag to show")

@@ -849,6 +849,12 @@ def test_low_rank_lag_needs_a_trial_that_fills_its_residual(low_rank_lag):
     assert chosen[0]["method"] == "fp16" and chosen[0]["scores"]["powersgd:4"] == 0.0
     if low_rank_lag is not None:
         assert "cannot fill" in abandoned[0]["reason"]
+        # recheck_within 1: no trial is cut short for its gain, and nothing divides by 0.
+        lenient = _auto(methods=["dense", "fp16", "powersgd:4"], trial_steps=4,
+                        low_rank_lag=low_rank_lag, recheck_within=1.0)
+        ran = _drive(lenient, 8, {"dense": 0.85, "fp16": 0.49, "powersgd:4": 0.38}.get,
+                     {"powersgd:4": 0.16}.get, lag_of={"powersgd:4": -0.015}.get)
+        assert ran.count("powersgd:4") == 5
         assert "residual not filled" in pruned[0]["reason"]
         auto = _auto(methods=["dense", "fp16", "powersgd:4"], trial_steps=4,
                      low_rank_lag=low_rank_lag)
