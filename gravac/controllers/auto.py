@@ -642,11 +642,11 @@ class Auto(Controller):
     def _fills(sent: float, margin: float = 0.0) -> bool:
         """Steps that sent ``sent`` of g_ef's energy in all (their gains' sum) had their
         residual fill to its size, so that its lag says what the method holds back: at
-        least one step's worth (less ``margin``, a fraction of it). A method that sends a fraction γ a step fills its residual
-        over about 1 / γ steps; before, its lag is small whatever the method: over a
-        4-step trial in ResNet-18's warm-up, ranks 4 and 1 (gains 0.16, 0.09) measured
-        -0.015 and 0.043; rank 1 was chosen, its lag reached 0.18 over the 43 steps it
-        ran, and the run ended 9% above dense's loss
+        least one step's worth (less ``margin``, a fraction of it). A method that sends a
+        fraction γ a step fills its residual over about 1 / γ steps; before, its lag is
+        small whatever the method: over a 4-step trial in ResNet-18's warm-up, ranks 4
+        and 1 (gains 0.16, 0.09) measured -0.015 and 0.043; rank 1 was chosen, its lag
+        reached 0.18 over the 43 steps it ran, and the run ended 9% above dense's loss
         (``cpu_auto_resnet18_1gbit_lagscore_unfilled_2026-11-29``)."""
         return sent >= 1.0 - margin
 
