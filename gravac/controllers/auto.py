@@ -636,7 +636,7 @@ class Auto(Controller):
         lag = self._judged_lag(key) if self._lag_gated(key) else None
         if lag is None:
             return gain
-        return 1.0 - lag if self._fills(gain * self.trial_steps, self.recheck_within) else 0.0
+        return 1.0 - lag if self._trial_fills(gain) else 0.0
 
     @staticmethod
     def _fills(sent: float, margin: float = 0.0) -> bool:
@@ -649,6 +649,16 @@ class Auto(Controller):
         reached 0.18 over the 43 steps it ran, and the run ended 9% above dense's loss
         (``cpu_auto_resnet18_1gbit_lagscore_unfilled_2026-11-29``)."""
         return sent >= 1.0 - margin
+
+    def _trial_fills(self, mean_gain: float) -> bool:
+        """A trial whose measured steps' mean gain is ``mean_gain`` would fill its residual
+        (``_fills``) over ``trial_steps``, within ``recheck_within``."""
+        return self._fills(mean_gain * self.trial_steps, self.recheck_within)
+
+    def _entry_fills(self, entry: Mapping) -> bool:
+        """A table entry's steps filled its method's residual (``_fills``): their mean gain
+        x their count."""
+        return self._fills(entry["gain"] * entry.get("steps", 0))
 
     def _lag_gated(self, key: str) -> bool:
         """``key``'s eligibility is decided by its residual's lag (``low_rank_lag``: the
@@ -663,7 +673,7 @@ class Auto(Controller):
         count below 1); an entry without a lag, e.g. read from a checkpoint written
         before, counts its gain."""
         if self._lag_gated(key) and entry.get("lag") is not None:
-            if not self._fills(entry["gain"] * entry.get("steps", 0)):
+            if not self._entry_fills(entry):
                 return 0.0          # its lag shows nothing yet (``_fills``)
             return 1.0 - self._bounded_lag(entry, held=self._holds(key))
         return entry["gain"]
@@ -695,7 +705,7 @@ class Auto(Controller):
             if not (self._lag_gated(key) and self._judged_lag(key) is not None):
                 reason = (f"mean gain below (1 - recheck_within) x epsilon = "
                           f"{self._near_epsilon(key):.4g}")
-            elif not self._fills(mean * self.trial_steps, self.recheck_within):
+            elif not self._trial_fills(mean):
                 reason = (f"mean gain {mean:.3g} x trial_steps={self.trial_steps} below "
                           f"(1 - recheck_within) = {1 - self.recheck_within:g}: its residual "
                           "cannot fill for its lag to show")
@@ -943,7 +953,7 @@ class Auto(Controller):
                    and self._method(k).level <= m.level]
         if not self._lag_gated(key):
             why = f"gain below epsilon={self._epsilon(key):g}"
-        elif self._fills(entry["gain"] * entry.get("steps", 0)):
+        elif self._entry_fills(entry):
             why = f"lag above low_rank_lag={self.low_rank_lag:g}"
         else:
             why = "residual not filled for its lag to show"
