@@ -938,6 +938,52 @@ def test_low_rank_lag_pools_a_methods_steps_so_a_noisy_burst_does_not_rule_it_ou
         == pytest.approx([0.4, 0.03, 0.03, 0.03])
 
 
+def _lower(lags):
+    """Mean less standard error, computed here with the statistics module."""
+    return statistics.fmean(lags) - statistics.stdev(lags) / len(lags) ** 0.5
+
+
+def test_low_rank_lag_drops_a_method_whose_latest_steps_show_its_lag_risen():
+    """Rank 1 on the LSTM: its lag rises as its residual fills. Rank 4 is chosen; its run's
+    lags alternate 0 and 0.04 for 40 steps, then 0.1 and 0.3. The re-check comes at the
+    first step where its last 16 pooled steps' mean less their standard error is above
+    low_rank_lag 0.1 (computed here independently), while the whole pool's, with the early
+    steps in it, is still below; the reason names the last 16 steps. Dense is chosen at
+    the re-check: rank 4 holds the run but its recent lag is shown above. Another method's
+    latest steps shown above keep it out however low its pool is."""
+    auto = _auto(methods=["dense", "powersgd:4"], low_rank_lag=0.1, alpha=1.0,
+                 recheck_every=1000)
+    lags = iter([0.02] * 6 + [0.0, 0.04] * 20 + [0.1, 0.3] * 30)
+    times, gains = {"dense": 2.0, "powersgd:4": 0.1}.get, {"powersgd:4": 0.6}.get
+    _drive(auto, 8, times, gains, lag_of=lambda k: next(lags))
+    assert auto.current == "powersgd:4" and auto.phase == "run"
+    pool = list(auto.state_dict()["state"]["lag_pool"]["powersgd:4"])
+    assert pool == [0.02] * len(pool)
+    for _ in range(80):
+        before, fed = len(auto.decisions), next(lags)
+        _drive(auto, 1, times, gains, lag_of=lambda k: fed)
+        pool.append(fed)
+        recheck = [d for d in auto.decisions[before:] if d["event"] == "measured"]
+        window = pool[-64:]
+        judged = max(_lower(window), _lower(window[-16:]) if len(window) > 16 else -1)
+        assert bool(recheck) == (judged > 0.1), window
+        if recheck:
+            break
+    assert _lower(window) <= 0.1 < _lower(window[-16:])
+    assert recheck[0]["reason"] == ("lag of its last 16 steps less their standard error "
+                                    "above low_rank_lag=0.1")
+    assert recheck[0]["lag_recent"] == pytest.approx(statistics.fmean(window[-16:]))
+    assert recheck[0]["lag_recent_se"] == pytest.approx(
+        statistics.stdev(window[-16:]) / 4)
+    _drive(auto, 3, times, gains, lag_of=lambda k: next(lags))     # dense's trial
+    chosen = [d for d in auto.decisions if d["event"] == "chosen"]
+    assert chosen[-1]["method"] == "dense" and chosen[-1]["scores"]["powersgd:4"] == 0.0
+    # Not holding the run: its pool's mean plus error (0.07) admits, its last 16 do not.
+    entry = {"lag": 0.05, "lag_se": 0.02, "lag_recent": 0.18, "lag_recent_se": 0.06}
+    assert Auto._bounded_lag(entry, held=False) == pytest.approx(0.12)
+    assert Auto._bounded_lag({"lag": 0.05, "lag_se": 0.02}, held=False) == pytest.approx(0.07)
+
+
 @pytest.mark.parametrize("run_next_gain, climbs", [(0.95, True), (0.8, False)])
 def test_the_ladder_is_climbed_to_an_eligible_cf_faster_than_the_run_at_its_candidate_gain(
         run_next_gain, climbs):
