@@ -79,9 +79,8 @@ How it explores, cheaply:
   latest ``LAG_RECENT`` steps are judged on their own as well, less their error: a lag
   that rises as the residual fills is shown above the threshold there before the pool's
   older steps let it show. A step right after a switch of method does not count (it
-  measures the residual the method before left). Over a whole run the lag tells the methods that train within 2% of
-  dense from those that do not
-  (docs/ALGORITHM.md §15).
+  measures the residual the method before left). Over a whole run the lag tells the
+  methods that train within 2% of dense from those that do not (docs/ALGORITHM.md §15).
 
 Per step, a chosen compressed method whose smoothed gain (EWMA with ``alpha``, started
 from the gain that chose it) falls below ε sends dense (GraVAC's fallback); its residual
@@ -149,7 +148,6 @@ DECIDE = "current"
 SPLIT = "/split"
 
 
-
 def _mean_and_error(values: Sequence[float]) -> tuple[float, float]:
     """The mean of ``values`` and its standard error (0 over one value). In floats: read
     several times a step, where statistics.stdev's exact arithmetic takes ~55 us over 64
@@ -157,6 +155,7 @@ def _mean_and_error(values: Sequence[float]) -> tuple[float, float]:
     n, mean = len(values), statistics.fmean(values)
     se = math.sqrt(sum((x - mean) ** 2 for x in values) / (n - 1) / n) if n > 1 else 0.0
     return mean, se
+
 
 class Auto(Controller):
     """Choose the method (dense, fp16, PowerSGD rank, sparse CF) by measured compression
@@ -484,7 +483,8 @@ class Auto(Controller):
         mean, se = _mean_and_error(lags)
         pooled = {"lag": mean, "lag_se": se}
         if len(lags) > LAG_RECENT:
-            pooled["lag_recent"], pooled["lag_recent_se"] = _mean_and_error(lags[-LAG_RECENT:])
+            recent, recent_se = _mean_and_error(lags[-LAG_RECENT:])
+            pooled.update(lag_recent=recent, lag_recent_se=recent_se)
         return pooled
 
     @staticmethod
@@ -512,8 +512,7 @@ class Auto(Controller):
         """Which of ``key``'s lags its judged lag (``_judged_lag``) is, in words: a
         decision's reason names it."""
         pooled = self._pooled_lag(key)
-        if pooled.get("lag_recent") is not None and \
-                pooled["lag_recent"] - pooled["lag_recent_se"] > pooled["lag"] - pooled["lag_se"]:
+        if self._bounded_lag(pooled) > pooled["lag"] - pooled["lag_se"]:
             return f"lag of its last {LAG_RECENT} steps less their standard error"
         return "pooled lag less its standard error"
 
