@@ -46,6 +46,11 @@ def _drive(auto: Auto, steps: int, time_of, gain_of, next_gain_of=lambda m: None
     return ran
 
 
+def _lower(lags):
+    """Mean less standard error, computed here with the statistics module."""
+    return statistics.fmean(lags) - statistics.stdev(lags) / len(lags) ** 0.5
+
+
 def test_methods_are_written_one_way():
     assert Method.parse("powersgd:4") == Method("powersgd", 4.0)
     assert Method.parse("sparse:40@shared_index").key == "sparse:40@shared_index"
@@ -750,7 +755,7 @@ def test_low_rank_lag_decides_powersgds_eligibility_and_its_score(low_rank_lag):
         auto.observe_lag(lag)
         pool.append(lag)
         sent = auto.decide(0.9, None)               # the lag decides, not the gain
-        lower = statistics.fmean(pool) - statistics.stdev(pool) / len(pool) ** 0.5
+        lower = _lower(pool)
         assert sent == (SENT_DENSE if lower > 0.1 else SENT_MIN), (step, pool)
         if sent == SENT_DENSE:
             break
@@ -894,7 +899,7 @@ def test_low_rank_lag_prunes_the_lower_ranks_and_rechecks_when_the_run_lags():
         _drive(auto, 1, {"dense": 2.0, "powersgd:4": 0.1}.get, {"powersgd:4": 0.6}.get,
                lag_of=lambda k: lag["value"])
         recheck = [d for d in auto.decisions if d["event"] == "measured" and d.get("reason")]
-        lower = statistics.fmean(pool) - statistics.stdev(pool) / len(pool) ** 0.5
+        lower = _lower(pool)
         assert bool(recheck) == (lower > 0.1), pool
         if recheck:
             break
@@ -936,11 +941,6 @@ def test_low_rank_lag_pools_a_methods_steps_so_a_noisy_burst_does_not_rule_it_ou
                 and d["method"] == "powersgd:4"]
     assert auto.state_dict()["state"]["lag_pool"]["powersgd:4"][-4:] \
         == pytest.approx([0.4, 0.03, 0.03, 0.03])
-
-
-def _lower(lags):
-    """Mean less standard error, computed here with the statistics module."""
-    return statistics.fmean(lags) - statistics.stdev(lags) / len(lags) ** 0.5
 
 
 def test_low_rank_lag_drops_a_method_whose_latest_steps_show_its_lag_risen():
