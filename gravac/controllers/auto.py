@@ -414,14 +414,15 @@ class Auto(Controller):
         elif s["phase"] == "trial" and s["step_in_phase"] >= settle + length:
             self._end_trial(record.step, sync)
         elif s["phase"] == "run":
-            reason = self._recheck_reason(s["step_in_phase"])
+            reason = self._recheck_reason(s["step_in_phase"], record.step)
             if reason is not None:
                 self._recheck(record.step, sync, reason)
 
-    def _recheck_reason(self, steps: int) -> str | None:
-        """Why the chosen method is re-checked after ``steps`` steps of its run, or None.
-        The same on every rank: it reads agreed gains, step counts and the table (rank 0's
-        entries, broadcast), never this rank's own step times (``_run_score``)."""
+    def _recheck_reason(self, steps: int, step: int) -> str | None:
+        """Why the chosen method is re-checked after ``steps`` steps of its run (at the
+        run's ``step``), or None. The same on every rank: it reads agreed gains, step
+        counts and the table (rank 0's entries, broadcast), never this rank's own step
+        times (``_run_score``)."""
         if steps >= self.recheck_every:
             return f"recheck_every={self.recheck_every} steps"
         if self._fell_below(steps):
@@ -434,7 +435,50 @@ class Auto(Controller):
         if self._drifted():
             return (f"recent gain more than recheck_within={self.recheck_within:g} below "
                     "the gain it was chosen with")
+        due = self._retrials_due(step)
+        if due:
+            return (f"{due[0]}'s residual did not fill in its trial at step "
+                    f"{self._s['unfilled'][due[0]][0]}: tried again after as many steps")
         return None
+
+    def _note_fill(self, step: int, key: str, abandoned: bool) -> None:
+        """After ``key``'s trial (``abandoned``: ended early): under ``low_rank_lag``, a
+        PowerSGD method whose steps did not fill its residual (``_entry_fills``; a trial
+        ended early: whose gain could not fill it over ``trial_steps``, ``_trial_fills``,
+        not one ended for its lag) is not ruled out but not yet judged, so it is tried
+        again (``_retrials_due``) once the run has run as many
+        steps again as it had at this ``step`` (at most ``recheck_every`` more). A
+        low-rank method keeps little of a high-rank gradient: in ResNet-18's
+        learning-rate warm-up rank 4 kept 0.18-0.22 of g_ef's energy a step (its residual
+        could not fill over 4 steps), 0.50 at step 117, while at 100 Mbit/s its steps took
+        0.41 s against fp16's 3.7 s (``cpu_auto_resnet18_100mbit_2026-11-29``); judged
+        only at the next ``recheck_every`` it was never run. Doubling the wait keeps the
+        re-trials few (log2 of the run's length at most) where it never fills."""
+        s = self._s
+        unfilled = s.setdefault("unfilled", {})
+        entry = s["table"][key]
+        filled = self._trial_fills(entry["gain"]) if abandoned else self._entry_fills(entry)
+        if not self._lag_gated(key) or filled:
+            unfilled.pop(key, None)
+            return
+        self._defer(key, step)
+
+    def _defer(self, key: str, step: int) -> None:
+        """``key``'s next re-trial (``_note_fill``): after as many steps again as the run
+        has run at ``step``, at most ``recheck_every`` more."""
+        self._s.setdefault("unfilled", {})[key] = [
+            step, min(2 * (step + 1), step + 1 + self.recheck_every)]
+
+    def _retrials_due(self, step: int) -> list[str]:
+        """The methods whose residual did not fill in their last trial (``_note_fill``)
+        and are due to be tried again at ``step``: not the running method, and only
+        where their measured step time could still beat the best score
+        (``_cannot_win``). From the agreed table and step counts: the same on every
+        rank."""
+        s, best = self._s, self._best_score()
+        return [k for k, (_, due) in s.get("unfilled", {}).items()
+                if step + 1 >= due and k != s["current"]
+                and not self._cannot_win(s["table"][k]["t"] or 0.0, best)]
 
     def _fell_below(self, steps: int) -> bool:
         """The chosen method's smoothed gain fell below ε, or under ``low_rank_lag`` its
@@ -758,6 +802,7 @@ class Auto(Controller):
         else:
             self._measure(step, sync)
         s = self._s
+        self._note_fill(step, s["current"], abandoned)
         climb = s.get("climb")
         if climb is not None and climb[0] == s["current"]:
             # The trial of a climb: how far its own gain fell below the candidate gain
@@ -800,6 +845,10 @@ class Auto(Controller):
         stale = self._stale_candidate(queue, best)
         if stale is not None:
             queue.append(stale)
+        for key in self._retrials_due(step):
+            self._defer(key, step)          # due again later, whether it runs or is pruned
+            if key not in queue:
+                queue.append(key)
         s["round"] += 1
         queue += self._propose_splits(step)
         s["queue"] = [k for k in self._keys() if k in queue]
