@@ -79,7 +79,10 @@ How it explores, cheaply:
   latest ``LAG_RECENT`` steps are judged on their own as well, less their error: a lag
   that rises as the residual fills is shown above the threshold there before the pool's
   older steps let it show. A step right after a switch of method does not count (it
-  measures the residual the method before left). Over a whole run the lag tells the
+  measures the residual the method before left). A lag counts only once the method's
+  steps have sent a step's energy in all (its residual filled); a trial whose gain cannot
+  fill it is no verdict, and the method is tried again after as many steps as the run
+  had run then (the wait doubling while it does not fill). Over a whole run the lag tells the
   methods that train within 2% of dense from those that do not (docs/ALGORITHM.md §15).
 
 Per step, a chosen compressed method whose smoothed gain (EWMA with ``alpha``, started
@@ -437,7 +440,7 @@ class Auto(Controller):
                     "the gain it was chosen with")
         due = self._retrials_due(step)
         if due:
-            return (f"{due[0]}'s residual did not fill in its trial at step "
+            return (f"{due[0]}'s residual did not fill in its trial to step "
                     f"{self._s['unfilled'][due[0]][0]}: tried again after as many steps")
         return None
 
@@ -466,8 +469,9 @@ class Auto(Controller):
     def _defer(self, key: str, step: int) -> None:
         """``key``'s next re-trial (``_note_fill``): after as many steps again as the run
         has run at ``step``, at most ``recheck_every`` more."""
-        self._s.setdefault("unfilled", {})[key] = [
-            step, min(2 * (step + 1), step + 1 + self.recheck_every)]
+        done = step + 1         # steps done, as step records and ``method`` lines count
+        self._s.setdefault("unfilled", {})[key] = [done, min(2 * done,
+                                                             done + self.recheck_every)]
 
     def _retrials_due(self, step: int) -> list[str]:
         """The methods whose residual did not fill in their last trial (``_note_fill``)
@@ -678,6 +682,11 @@ class Auto(Controller):
                 delta if delta is not None else entry["gain"]
         if entry is not None and self._lag_gated(self._s["current"]):
             entry.update(self._pooled_lag(self._s["current"]))
+            if self._s["phase"] == "run":
+                # Chosen, it had filled its residual (``_quality``); a re-check a few
+                # steps into its run must not find it unfilled on those few steps' gains
+                # (rank 4 on the wide CNN, 1 step at 0.49 after a trial of 4).
+                entry["filled"] = True
         entry = sync.broadcast_object(entry, name="gravac.auto.measure")
         self._s["table"][self._s["current"]] = entry
         self._s.setdefault("measured_at", {})[self._s["current"]] = step
@@ -739,8 +748,8 @@ class Auto(Controller):
 
     def _entry_fills(self, entry: Mapping) -> bool:
         """A table entry's steps filled its method's residual (``_fills``): their mean gain
-        x their count."""
-        return self._fills(entry["gain"] * entry.get("steps", 0))
+        x their count, or a run's entry (``filled``: it was chosen filled)."""
+        return entry.get("filled", False) or self._fills(entry["gain"] * entry.get("steps", 0))
 
     def _lag_gated(self, key: str) -> bool:
         """``key``'s eligibility is decided by its residual's lag (``low_rank_lag``: the

@@ -126,7 +126,8 @@ KINDS: Mapping[str, RecordKind] = MappingProxyType({k.name: k for k in (
     # a run's table entry: median step time t, its waits t_comm, the mean gain and the
     # next CF's gain_next over steps; lag and lag_se: a PowerSGD method's pooled lag and
     # its standard error under low_rank_lag, lag_recent and lag_recent_se the same over
-    # its latest pooled steps; probe: measured by a one-step probe), "abandoned"
+    # its latest pooled steps; filled: a run's entry under low_rank_lag, whose residual
+    # had filled when it was chosen; probe: measured by a one-step probe), "abandoned"
     # (a trial ended early: its gain so far far below ε; the reason and its steps),
     # "pruned" (with the reason), "split" (a split method proposed: the dense_layers it
     # sends dense, the gain predicted over the others), "chosen" (score = gain / t, and
@@ -134,7 +135,7 @@ KINDS: Mapping[str, RecordKind] = MappingProxyType({k.name: k for k in (
     _kind(METHOD, dict(time=NUMBER, step=STEP_INDEX, event=TEXT, method=TEXT, reason=TEXT,
                        t=NUMBER, t_comm=NUMBER, t_pack=NUMBER, gain=NUMBER,
                        gain_next=NUMBER, lag=NUMBER, lag_se=NUMBER, lag_recent=NUMBER,
-                       lag_recent_se=NUMBER, steps=INT, probe=FLAG,
+                       lag_recent_se=NUMBER, steps=INT, filled=FLAG, probe=FLAG,
                        dense_layers=ANY, score=NUMBER, round=INT, scores=ANY)),
     _kind(NONFINITE, dict(step=STEP_INDEX, time=NUMBER, ranks=ANY)),
     _kind(ELASTIC_RESET, dict(step=STEP_INDEX, time=NUMBER, world_size=INT,

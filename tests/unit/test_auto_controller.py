@@ -1016,8 +1016,8 @@ def test_low_rank_lag_tries_an_unfilled_method_again_after_as_many_steps(low_ran
     assert len(rechecks) == len(ends) - 1 >= 2
     for end, recheck in zip(ends, rechecks):
         assert recheck["step"] >= 2 * (end + 1) - 1
-        assert recheck["reason"] == (f"powersgd:4's residual did not fill in its trial at "
-                                     f"step {end}: tried again after as many steps")
+        assert recheck["reason"] == (f"powersgd:4's residual did not fill in its trial to "
+                                     f"step {end + 1}: tried again after as many steps")
     trials = [d for d in trials if d["event"] == "measured"]
     assert all(d["gain"] == pytest.approx(0.18) for d in trials[:-1])
     assert trials[-1]["gain"] == pytest.approx(0.4) and len(trials) == 4
@@ -1031,6 +1031,32 @@ def test_low_rank_lag_tries_an_unfilled_method_again_after_as_many_steps(low_ran
     ran = _drive(slow, 120, {"dense": 7.3, "fp16": 3.7, "powersgd:4": 5.0}.get,
                  lambda k: 0.18, lag_of=lambda k: -0.01)
     assert ran.count("powersgd:4") <= 2 and set(ran[20:]) == {"fp16"}
+
+
+def test_a_retrial_does_not_leave_the_running_method_unfilled():
+    """The wide CNN: rank 4 (trial gain 0.3 x 4 steps: filled, lag 0.01) is chosen; rank
+    1's trial (0.19) cannot fill, so it is tried again once the run has run as many steps
+    as before; its re-trial fills (0.3) with a lag of 0.3 (not admitted). Rank 4's run
+    entry, its few steps at its decayed gain 0.15 (under a step's energy), is a run's: it
+    had filled when chosen, so it stays eligible and is chosen again."""
+    auto = _auto(methods=["dense", "powersgd:4", "powersgd:1"], trial_steps=4, epsilon=0.7,
+                 low_rank_lag=0.1, recheck_every=1000)
+
+    def gain(key):
+        if key == "powersgd:4":
+            return 0.15 if auto.phase == "run" else 0.3
+        return 0.19 if not any(d["event"] == "abandoned" for d in auto.decisions) else 0.3
+    ran = _drive(auto, 40, {"dense": 0.2, "powersgd:4": 0.05, "powersgd:1": 0.033}.get,
+                 gain, lag_of={"powersgd:4": 0.01, "powersgd:1": 0.3}.get)
+    recheck = [d for d in auto.decisions if d["event"] == "measured" and d.get("reason")]
+    assert len(recheck) == 1 and recheck[0]["method"] == "powersgd:4"
+    assert recheck[0]["filled"] is True and recheck[0]["gain"] == pytest.approx(0.15)
+    assert "powersgd:1's residual did not fill" in recheck[0]["reason"]
+    chosen = [d for d in auto.decisions if d["event"] == "chosen"]
+    assert [d["method"] for d in chosen] == ["powersgd:4", "powersgd:4"]
+    assert chosen[1]["score"] == pytest.approx((1 - 0.01) / 0.05)
+    assert chosen[1]["scores"]["powersgd:1"] == 0.0
+    assert ran[-1] == "powersgd:4"
 
 
 @pytest.mark.parametrize("run_next_gain, climbs", [(0.95, True), (0.8, False)])
