@@ -475,13 +475,23 @@ class Auto(Controller):
 
     def _retrials_due(self, step: int) -> list[str]:
         """The methods whose residual did not fill in their last trial (``_note_fill``)
-        and are due to be tried again at ``step``: not the running method, and only
-        where their measured step time could still beat the best score
-        (``_cannot_win``). From the agreed table and step counts: the same on every
-        rank."""
+        and are due to be tried again at ``step``: not the running method, only where
+        their measured step time could still beat the best score (``_cannot_win``), and
+        not while a rank of their family that keeps more is eligible. The re-trial
+        brings back a family its warm-up kept out; a lower rank beside an eligible
+        higher one waits for the re-checks: on the wide CNN rank 1, tried again beside
+        rank 4, kept 0.30 for its 4 steps, was admitted (lag -0.001 ± 0.054) and ran 13
+        steps until its lag, 0.163, ruled it out, and the run took 1.16x the time of
+        DDP's PowerSGD rank 4 against 0.62x
+        (``cpu_auto_wide_cnn_1gbit_retrial_lower_rank_2026-11-29``). From the agreed table and step counts: the same on every rank."""
         s, best = self._s, self._best_score()
+
+        def safer_eligible(key: str) -> bool:
+            m = self._method(key)
+            return any(c.kind == m.kind and c.level > m.level and self._eligible(c.key)
+                       for c in self.candidates)
         return [k for k, (_, due) in s.get("unfilled", {}).items()
-                if step + 1 >= due and k != s["current"]
+                if step + 1 >= due and k != s["current"] and not safer_eligible(k)
                 and not self._cannot_win(s["table"][k]["t"] or 0.0, best)]
 
     def _fell_below(self, steps: int) -> bool:

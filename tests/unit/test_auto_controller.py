@@ -1033,30 +1033,31 @@ def test_low_rank_lag_tries_an_unfilled_method_again_after_as_many_steps(low_ran
     assert ran.count("powersgd:4") <= 2 and set(ran[20:]) == {"fp16"}
 
 
-def test_a_retrial_does_not_leave_the_running_method_unfilled():
-    """The wide CNN: rank 4 (trial gain 0.3 x 4 steps: filled, lag 0.01) is chosen; rank
-    1's trial (0.19) cannot fill, so it is tried again once the run has run as many steps
-    as before; its re-trial fills (0.3) with a lag of 0.3 (not admitted). Rank 4's run
-    entry, its few steps at its decayed gain 0.15 (under a step's energy), is a run's: it
-    had filled when chosen, so it stays eligible and is chosen again."""
+def test_a_re_check_does_not_find_the_running_method_unfilled():
+    """Rank 4's trial keeps 0.3 a step (x 4: filled) at a lag of 0.01 and it is chosen;
+    in its run its gain decays to 0.15 as error feedback fills the residual. A re-check
+    after 3 steps (recheck_every=3) measures the run: 3 x 0.15 is under a step's energy,
+    but a run's entry is ``filled`` (it was chosen filled), so rank 4 stays eligible and
+    is chosen again at its lag's score; rank 1, whose trial could not fill (0.19), is
+    not tried again beside it (a family's lower rank waits while a higher is eligible)."""
     auto = _auto(methods=["dense", "powersgd:4", "powersgd:1"], trial_steps=4, epsilon=0.7,
-                 low_rank_lag=0.1, recheck_every=1000)
+                 low_rank_lag=0.1, recheck_every=3, alpha=1.0)
 
     def gain(key):
         if key == "powersgd:4":
             return 0.15 if auto.phase == "run" else 0.3
-        return 0.19 if not any(d["event"] == "abandoned" for d in auto.decisions) else 0.3
-    ran = _drive(auto, 40, {"dense": 0.2, "powersgd:4": 0.05, "powersgd:1": 0.033}.get,
-                 gain, lag_of={"powersgd:4": 0.01, "powersgd:1": 0.3}.get)
+        return 0.19
+    ran = _drive(auto, 16, {"dense": 0.2, "powersgd:4": 0.05, "powersgd:1": 0.033}.get,
+                 gain, lag_of={"powersgd:4": 0.01, "powersgd:1": 0.01}.get)
     recheck = [d for d in auto.decisions if d["event"] == "measured" and d.get("reason")]
-    assert len(recheck) == 1 and recheck[0]["method"] == "powersgd:4"
+    assert recheck and recheck[0]["method"] == "powersgd:4"
     assert recheck[0]["filled"] is True and recheck[0]["gain"] == pytest.approx(0.15)
-    assert "powersgd:1's residual did not fill" in recheck[0]["reason"]
+    assert recheck[0]["steps"] * recheck[0]["gain"] < 1
     chosen = [d for d in auto.decisions if d["event"] == "chosen"]
-    assert [d["method"] for d in chosen] == ["powersgd:4", "powersgd:4"]
+    assert {d["method"] for d in chosen} == {"powersgd:4"} and len(chosen) >= 2
     assert chosen[1]["score"] == pytest.approx((1 - 0.01) / 0.05)
-    assert chosen[1]["scores"]["powersgd:1"] == 0.0
-    assert ran[-1] == "powersgd:4"
+    assert ran.count("powersgd:1") == 2                      # its one trial only
+    assert list(auto.state_dict()["state"]["unfilled"]) == ["powersgd:1"]
 
 
 @pytest.mark.parametrize("run_next_gain, climbs", [(0.95, True), (0.8, False)])
