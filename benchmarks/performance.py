@@ -72,10 +72,12 @@ def _rounds(result_set: str, backend: str | None = None) -> list[dict]:
     if backend is not None and backend not in measured:
         raise SystemExit(f"docs/results/current.yaml: {result_set} has no backend "
                          f"{backend!r} (it holds {measured})")
+    # A one-round invocation writes its block without a round's key.
     return [{"rate": rate, "backend": b, "round": name, **block}
             for rate, backends in data.items() for b, rounds in backends.items()
             if backend is None or b == backend
-            for name, block in sorted(rounds.items())]
+            for name, block in sorted(({"round1": rounds} if "runs" in rounds
+                                       else rounds).items())]
 
 
 def _ratio(values: list[float | None]) -> str:
@@ -128,7 +130,8 @@ def e2e_table(entry: dict) -> list[str]:
     rows = e2e_rows(entry["set"], backend)
     peers = sorted({peer_name(p, backend) for r in rows for p in r["peers"]})
     lines = [f"#### {entry['workload']}, {entry['link']} ({_link(entry['set'])})", "",
-             f"{rows[0]['rounds']} rounds; the fastest peer to dense's target loss: "
+             f"{rows[0]['rounds']} round{'s' if rows[0]['rounds'] > 1 else ''}; the "
+             f"fastest peer to dense's target loss: "
              f"{', '.join(peers)}. Lower is faster for time to target.", "",
              "| method | samples/s vs dense | time to target vs dense | vs the fastest peer "
              "| final loss vs dense | floats sent / dense |",

@@ -41,3 +41,18 @@ def test_a_set_of_two_launchers_must_name_one():
         performance.e2e_rows(SET)
     with pytest.raises(SystemExit, match="has no backend 'nccl'"):
         performance.e2e_rows(SET, "nccl")
+
+
+def test_a_one_round_set_is_read_as_its_one_round():
+    """A ``--rounds 1`` invocation writes its block without a round's key: it is one
+    round, its ratios against that round's own peer."""
+    one = "cpu_auto_resnet18_100mbit_2026-11-29"
+    runs = json.loads((REPO / "docs/results" / one / "results.json").read_text())
+    runs = runs["100mbit"]["torch"]["runs"]
+    rows = {r["method"]: r for r in performance.e2e_rows(one)}
+    assert rows["gravac_auto"]["rounds"] == 1
+    assert rows["gravac_auto"]["vs_peer"] == pytest.approx(
+        [runs["gravac_auto"]["time_to_target"] / runs["ddp_powersgd_rank4"]["time_to_target"]])
+    table = "\n".join(performance.e2e_table({"set": one, "workload": "ResNet-18",
+                                             "link": "100 Mbit/s"}))
+    assert "1 round; the fastest peer to dense's target loss: DDP PowerSGD rank 4." in table
