@@ -82,8 +82,9 @@ How it explores, cheaply:
   measures the residual the method before left). A lag counts only once the method's
   steps have sent a step's energy in all (its residual filled); a trial whose gain cannot
   fill it is no verdict, and the method is tried again after as many steps as the run
-  had run then (the wait doubling while it does not fill). Over a whole run the lag tells the
-  methods that train within 2% of dense from those that do not (docs/ALGORITHM.md §15).
+  had run then (the wait doubling while it does not fill), unless a rank that keeps more
+  is eligible. Over a whole run the lag tells the methods that train within 2% of dense
+  from those that do not (docs/ALGORITHM.md §15).
 
 Per step, a chosen compressed method whose smoothed gain (EWMA with ``alpha``, started
 from the gain that chose it) falls below ε sends dense (GraVAC's fallback); its residual
@@ -449,8 +450,8 @@ class Auto(Controller):
         PowerSGD method whose steps did not fill its residual (``_entry_fills``; a trial
         ended early: whose gain could not fill it over ``trial_steps``, ``_trial_fills``,
         not one ended for its lag) is not ruled out but not yet judged, so it is tried
-        again (``_retrials_due``) once the run has run as many
-        steps again as it had at this ``step`` (at most ``recheck_every`` more). A
+        again (``_retrials_due``) once the run has run as many steps again as it had at
+        this ``step`` (at most ``recheck_every`` more). A
         low-rank method keeps little of a high-rank gradient: in ResNet-18's
         learning-rate warm-up rank 4 kept 0.18-0.22 of g_ef's energy a step (its residual
         could not fill over 4 steps), 0.50 at step 117, while at 100 Mbit/s its steps took
@@ -483,7 +484,8 @@ class Auto(Controller):
         rank 4, kept 0.30 for its 4 steps, was admitted (lag -0.001 ± 0.054) and ran 13
         steps until its lag, 0.163, ruled it out, and the run took 1.16x the time of
         DDP's PowerSGD rank 4 against 0.62x
-        (``cpu_auto_wide_cnn_1gbit_retrial_lower_rank_2026-11-29``). From the agreed table and step counts: the same on every rank."""
+        (``cpu_auto_wide_cnn_1gbit_retrial_lower_rank_2026-11-29``). From the agreed
+        table and step counts: the same on every rank."""
         s, best = self._s, self._best_score()
 
         def safer_eligible(key: str) -> bool:
