@@ -451,21 +451,19 @@ class Auto(Controller):
         ended early: whose gain could not fill it over ``trial_steps``, ``_trial_fills``,
         not one ended for its lag) is not ruled out but not yet judged, so it is tried
         again (``_retrials_due``) once the run has run as many steps again as it had at
-        this ``step`` (at most ``recheck_every`` more). A
-        low-rank method keeps little of a high-rank gradient: in ResNet-18's
-        learning-rate warm-up rank 4 kept 0.18-0.22 of g_ef's energy a step (its residual
-        could not fill over 4 steps), 0.50 at step 117, while at 100 Mbit/s its steps took
-        0.41 s against fp16's 3.7 s (``cpu_auto_resnet18_100mbit_2026-11-29``); judged
-        only at the next ``recheck_every`` it was never run. Doubling the wait keeps the
-        re-trials few (log2 of the run's length at most) where it never fills."""
-        s = self._s
-        unfilled = s.setdefault("unfilled", {})
-        entry = s["table"][key]
-        filled = self._trial_fills(entry["gain"]) if abandoned else self._entry_fills(entry)
-        if not self._lag_gated(key) or filled:
-            unfilled.pop(key, None)
-            return
-        self._defer(key, step)
+        this ``step`` (at most ``recheck_every`` more). A low-rank method keeps little of
+        a high-rank gradient: in ResNet-18's learning-rate warm-up rank 4 kept 0.18-0.22
+        of g_ef's energy a step (its residual could not fill over 4 steps), 0.50 at step
+        117, while at 100 Mbit/s its steps took 0.41 s against fp16's 3.7 s
+        (``cpu_auto_resnet18_100mbit_2026-11-29``); judged only at the next
+        ``recheck_every`` it was never run. Doubling the wait keeps the re-trials few
+        (log2 of the run's length at most) where it never fills."""
+        entry = self._s["table"][key]
+        if self._lag_gated(key) and not (self._trial_fills(entry["gain"]) if abandoned
+                                         else self._entry_fills(entry)):
+            self._defer(key, step)
+        else:
+            self._s.get("unfilled", {}).pop(key, None)
 
     def _defer(self, key: str, step: int) -> None:
         """``key``'s next re-trial (``_note_fill``): after as many steps again as the run
@@ -486,14 +484,14 @@ class Auto(Controller):
         DDP's PowerSGD rank 4 against 0.62x
         (``cpu_auto_wide_cnn_1gbit_retrial_lower_rank_2026-11-29``). From the agreed
         table and step counts: the same on every rank."""
-        s, best = self._s, self._best_score()
-
-        def safer_eligible(key: str) -> bool:
-            m = self._method(key)
-            return any(c.kind == m.kind and c.level > m.level and self._eligible(c.key)
-                       for c in self.candidates)
-        return [k for k, (_, due) in s.get("unfilled", {}).items()
-                if step + 1 >= due and k != s["current"] and not safer_eligible(k)
+        s = self._s
+        due = [k for k, (_, at) in s.get("unfilled", {}).items()
+               if step + 1 >= at and k != s["current"]]
+        if not due:
+            return []           # (read every run step: no score is computed then)
+        best = self._best_score()
+        return [k for k in due
+                if not any(self._eligible(c.key) for c in self._safer(k))
                 and not self._cannot_win(s["table"][k]["t"] or 0.0, best)]
 
     def _fell_below(self, steps: int) -> bool:
@@ -1009,16 +1007,20 @@ class Auto(Controller):
         """A level is tried after the levels that keep more (a lower CF, a higher rank)
         were measured (or left the queue, pruned): their gains bound its gain, so a family
         is climbed from its safe end, as GraVAC climbs its ladder."""
-        m, table, queue = self._method(key), self._s["table"], self._s["queue"]
+        table, queue = self._s["table"], self._s["queue"]
         if key.endswith(SPLIT):
             return True         # proposed by its CF's own measurement (_propose_splits)
+        return all(c.key in table or c.key not in queue for c in self._safer(key))
+
+    def _safer(self, key: str) -> list[Method]:
+        """The candidates of ``key``'s family that keep more than it: a lower CF, a higher
+        rank (none for dense and fp16)."""
+        m = self._method(key)
         if m.kind == "sparse":
-            safer = [c for c in self.candidates if c.kind == "sparse" and c.level < m.level]
-        elif m.kind == "powersgd":
-            safer = [c for c in self.candidates if c.kind == "powersgd" and c.level > m.level]
-        else:
-            return True
-        return all(c.key in table or c.key not in queue for c in safer)
+            return [c for c in self.candidates if c.kind == "sparse" and c.level < m.level]
+        if m.kind == "powersgd":
+            return [c for c in self.candidates if c.kind == "powersgd" and c.level > m.level]
+        return []
 
     def _switch(self, key: str, phase: str, confirming: bool = False) -> None:
         """Make ``key`` the current method, for a trial or a run. A run's smoothed gains
