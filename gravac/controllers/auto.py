@@ -24,9 +24,11 @@ How it explores, cheaply:
   allreduce / allgather terms) at the best bandwidth measured so far. A candidate whose
   bound cannot beat the best measured score (with ``tolerance``) is not run. fp16 runs
   first (dense when fp16 is not a candidate): it calibrates the link at half dense's
-  bytes. Dense, the floor every choice is measured against, always runs a trial: where
-  latency or the CPU dominates the waits (loopback, few cores) the bound is no lower
-  bound, and it once priced dense out where dense was the fastest.
+  bytes. Dense, the floor every choice is measured against, is not pruned by the byte
+  prediction: where latency or the CPU dominates the waits (loopback, few cores) it is no
+  lower bound, and it once priced dense out where dense was the fastest. Its bound is
+  fp16's measured step divided by ``DENSE_FROM_FP16`` (3: the same values at twice the
+  bytes), which prunes it only on a slow link, where its step is the dearest of all.
 * **Probes.** Two trials measure one step (a probe) instead of ``trial_steps``: the
   calibration, and dense's first (without settling). On a slow link they are the
   dearest steps. Before the choice, a probed method that could still win (its step time
@@ -130,6 +132,13 @@ VALUE_BYTES = 4
 #: calibration's first measured step took up to 1.38x its trial's median (the LSTM at
 #: 1 Gbit/s, second step of training), a dense step after other methods 0.96-1.12x.
 PROBE_NOISE = 1.5
+#: How much faster than fp16's measured step a dense step may be (``Auto._bound``): the
+#: same values at twice the bytes, without the casts. Where the CPU sums the values fp16
+#: can be the slower: Horovod's local fp16 allreduce moves a value in 1.65x fp32's time
+#: (0.568 against 1.87 Gbit/s, docs/SCALING.md's calibration), and one probed step may be
+#: ``PROBE_NOISE`` slow: 1.65 x 1.5 = 2.5; the largest ratio in Auto's tables is fp16's
+#: calibration at 1.73x dense's step (the LSTM on 2 hosts at 1 Gbit/s).
+DENSE_FROM_FP16 = 3.0
 #: How many of a PowerSGD method's latest measured steps its residual's lag is pooled over
 #: (``low_rank_lag``, ``Auto._judged_lag``): across its trials and runs, so a trial after a
 #: run adds to what the run measured. Over 64 steps a per-step deviation of 0.2 (the
@@ -914,13 +923,13 @@ class Auto(Controller):
         s = self._s
         best = self._best_score()
         for key in list(s["queue"]):
-            if key == "dense":
-                continue        # the floor: always measured (see _predicted, _trial_length)
             bound = self._bound(key)
             if self._cannot_win(bound, best):
                 s["queue"].remove(key)
-                self._log(step, "pruned", key, reason=f"predicted step time >= {bound:.4g}s "
-                          "cannot beat the best measured score")
+                why = (f"fp16's measured step / DENSE_FROM_FP16={DENSE_FROM_FP16:g}"
+                       if key == "dense" else "predicted step time")
+                self._log(step, "pruned", key, reason=f"{why} >= {bound:.4g}s cannot beat "
+                          "the best measured score")
         ready = [k for k in s["queue"] if self._ready(k)]
         if ready:
             key = min(ready, key=self._predicted)
@@ -970,10 +979,11 @@ class Auto(Controller):
         Two trials are probes: the run's first (the calibration: nothing is measured yet
         to say whether its method could win, and on a slow link it is among the dearest:
         fp16 at 1.77 s a step on the LSTM at 100 Mbit/s, against 0.17 s for the method
-        chosen), and dense's first. Dense is never pruned by a prediction (the floor every
-        choice is measured against), and on a slow link its steps are the dearest of all:
-        its full trial was most of what exploring cost on ResNet-18 at 1 Gbit/s (5 steps
-        of 0.84 s against fp16's 0.48 s). Dense's probe does not settle: its first step
+        chosen), and dense's first. Dense is not pruned by the byte prediction (the floor
+        every choice is measured against; ``_bound``), and where fp16's step does not rule
+        it out its steps are still the dearest: its full trial was most of what exploring
+        cost on ResNet-18 at 1 Gbit/s (5 steps of 0.84 s against fp16's 0.48 s). Dense's
+        probe does not settle: its first step
         after other methods measured 0.96-1.12x the median of its trial's later steps
         (the LSTM, ResNet-18 and wide CNN cells' trials). A probe that may still win is
         run again in full before the choice (``_probe_to_confirm``), so where dense is the
@@ -1166,9 +1176,19 @@ class Auto(Controller):
         overlap a step's waits hide part of the link's time, so the rates measured from
         them, and the prediction, can be far too low: on the LSTM at 100 Mbit/s a re-check
         ran fp16 (1.77 s a step) for a full trial after Top-k 10x had scored 1.01 a second,
-        which fp16's own step could not reach."""
+        which fp16's own step could not reach.
+
+        Dense's is not the byte prediction, which is no lower bound for it where the CPU
+        or latency dominates the waits (``_predicted``), but fp16's measured step divided
+        by ``DENSE_FROM_FP16``: on a slow link dense's probe was the dearest step of a run
+        (7.3 s on ResNet-18 at 100 Mbit/s, where PowerSGD rank 4 ran at 0.42 s), and no
+        step of it could win."""
         entry = self._s["table"].get(key)
         own = entry["t"] / PROBE_NOISE if entry is not None and entry.get("t") else 0.0
+        if key == "dense":
+            fp16 = self._s["table"].get("fp16")
+            from_fp16 = fp16["t"] / DENSE_FROM_FP16 if fp16 and fp16.get("t") else 0.0
+            return max(from_fp16, own)
         return max(self._predicted(key), own)
 
     def wire_bytes(self, key: str) -> float:

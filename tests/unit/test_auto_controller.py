@@ -330,6 +330,29 @@ def test_a_dense_trial_that_fp16_rules_out_is_a_probe_and_dense_still_wins_if_fa
     assert not [d for d in auto.decisions if d["event"] == "pruned"]
 
 
+@pytest.mark.parametrize("t_fp16, pruned", [(1.9, True), (1.8, False)])
+def test_dense_is_pruned_where_a_third_of_fp16s_step_cannot_win(t_fp16, pruned):
+    """A slow link: sparse:10 scores 0.9 / 0.5 s = 1.8. Dense's bound is fp16's measured
+    step / DENSE_FROM_FP16 (3): at 1.9 s, 0.633 s, whose best score (1 + 0.1) / 0.633 =
+    1.74 cannot beat 1.8, so dense is pruned and never runs; at 1.8 s (1.83) its probe
+    runs (3 s: it cannot win, and no full trial follows)."""
+    auto = _auto(world=2, methods=["dense", "fp16", "sparse:10"])
+    ran = _drive(auto, 2 + 3 + 3, {"dense": 3.0, "fp16": t_fp16, "sparse:10": 0.5}.get,
+                 lambda k: 0.9)
+    assert ran[:5] == ["fp16"] * 2 + ["sparse:10"] * 3
+    assert ran[5:] == (["sparse:10"] * 3 if pruned else ["dense"] + ["sparse:10"] * 2)
+    out = [d for d in auto.decisions if d["event"] == "pruned"]
+    if pruned:
+        assert [(d["step"], d["method"]) for d in out] == [(4, "dense")]
+        assert out[0]["reason"] == ("fp16's measured step / DENSE_FROM_FP16=3 >= 0.6333s "
+                                    "cannot beat the best measured score")
+        assert "dense" not in auto.table
+    else:
+        assert not out and auto.table["dense"]["probe"]
+    chosen = [(d["step"], d["method"]) for d in auto.decisions if d["event"] == "chosen"]
+    assert chosen == [(4 if pruned else 5, "sparse:10")]
+
+
 def test_state_dict_resumes_to_the_same_decisions():
     times = {"dense": 1.0, "fp16": 0.8, "powersgd:4": 0.7, "powersgd:1": 0.6,
              "sparse:10": 0.9}
@@ -654,7 +677,9 @@ def test_a_measured_method_is_pruned_by_its_own_step_time_where_the_prediction_i
     but it measured 1.8 s. When PowerSGD's gain drifts below ε, the re-check queues fp16
     (the best eligible score then) and, stale, Top-k 10x, which runs first and now scores
     0.9 / 0.5 s: fp16, which could not reach that even at 1.5x its measured speed, is
-    pruned instead of running a full trial."""
+    pruned instead of running a full trial. Dense, bounded by fp16's step / 3 = 0.6 s
+    (1.1 / 0.6 = 1.83 against PowerSGD's 0.9 / 0.2 = 4.5), is pruned after PowerSGD's
+    trial: it never runs."""
     auto = _auto(world=2, methods=["dense", "fp16", "powersgd:4", "sparse:10"],
                  recheck_every=1000)
     times = {"dense": 3.0, "fp16": 1.8, "powersgd:4": 0.2, "sparse:10": 0.5}
@@ -664,7 +689,7 @@ def test_a_measured_method_is_pruned_by_its_own_step_time_where_the_prediction_i
     assert auto._predicted("fp16") < 0.3
     assert ran.count("fp16") == 2                              # its calibration probe only
     pruned = [(d["step"], d["method"]) for d in auto.decisions if d["event"] == "pruned"]
-    assert pruned == [(17, "fp16")]
+    assert pruned == [(4, "dense"), (16, "fp16")] and "dense" not in ran
     assert auto.current == "sparse:10" and auto.phase == "run"
 
 
@@ -1118,7 +1143,7 @@ def test_the_trial_that_rules_its_family_out_tries_the_families_safe_end_at_once
     0.9 / 0.2); 20x measures 0.8 and is eligible. PowerSGD's gain drifts to 0.3: the
     re-check tries 20x again, which now measures 0.45, below ε. That trial left no sparse
     CF eligible: 10x, never measured, is tried at once and chosen (not fp16, the best
-    eligible score without it)."""
+    eligible score without it). Dense (fp16's 1 s / 3 could not score 4.5) never runs."""
     auto = _auto(world=2, methods=["dense", "fp16", "powersgd:4", "sparse:10", "sparse:20",
                                    "sparse:40"], recheck_every=1000, alpha=0.02)
     times = {"dense": 3.0, "fp16": 1.0, "powersgd:4": 0.2, "sparse:10": 0.3, "sparse:20": 0.2}
@@ -1128,11 +1153,12 @@ def test_the_trial_that_rules_its_family_out_tries_the_families_safe_end_at_once
     ran = _drive(auto, 20, times.get, lambda k: next(gains[k]), nexts.get, comm=0.9)
     pruned = [(d["step"], d["method"]) for d in auto.decisions if d["event"] == "pruned"]
     assert (4, "sparse:10") in pruned and (7, "sparse:40") in pruned
-    assert ran[9:13] == ["powersgd:4"] * 4                 # chosen, then drifted
-    assert ran[13:16] == ["sparse:20"] * 3 and auto.table["sparse:20"]["gain"] == 0.45
-    assert ran[16:19] == ["sparse:10"] * 3
+    assert (4, "dense") in pruned and "dense" not in ran
+    assert ran[8:12] == ["powersgd:4"] * 4                 # chosen, then drifted
+    assert ran[12:15] == ["sparse:20"] * 3 and auto.table["sparse:20"]["gain"] == 0.45
+    assert ran[15:18] == ["sparse:10"] * 3
     chosen = [(d["step"], d["method"]) for d in auto.decisions if d["event"] == "chosen"]
-    assert chosen == [(8, "powersgd:4"), (18, "sparse:10")]
+    assert chosen == [(7, "powersgd:4"), (17, "sparse:10")]
 
 
 class _Rank0Sync(_Sync2):
