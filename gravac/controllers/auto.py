@@ -21,8 +21,7 @@ How it explores, cheaply:
 * **Predicted, not run.** Before a trial, a lower bound of the candidate's step time is
   predicted: the least local time measured so far (step time minus waits and the wire
   buffers' packing) plus the bytes it would put on the link (``gravac.util.sizes``: ring
-  allreduce / allgather terms) at the best bandwidth the largest transfers measured so
-  far (a small one's waits can be hidden by overlap). A candidate whose
+  allreduce / allgather terms) at the best bandwidth measured so far. A candidate whose
   bound cannot beat the best measured score (with ``tolerance``) is not run. fp16 runs
   first (dense when fp16 is not a candidate): it calibrates the link at half dense's
   bytes. Dense, the floor every choice is measured against, is not pruned by the byte
@@ -140,14 +139,6 @@ PROBE_NOISE = 1.5
 #: ``PROBE_NOISE`` slow: 1.65 x 1.5 = 2.5; the largest ratio in Auto's tables is fp16's
 #: calibration at 1.73x dense's step (the LSTM on 2 hosts at 1 Gbit/s).
 DENSE_FROM_FP16 = 3.0
-#: The byte prediction's link rate (``Auto._predicted``) is the best of the measured
-#: methods whose wire bytes are at least this share of the largest measured: dense's and
-#: fp16's where both ran. A small transfer's waits can be hidden by overlap: Top-k 160x on
-#: the wide CNN at 100 Mbit/s measured 0.0005 s of waits a step for bytes that took
-#: 0.027 s in another run, priced Top-k 10x at its local time, and its trial ran 5 steps
-#: of 0.41 s where the chosen PowerSGD rank 4 took 0.045 s
-#: (``cpu_auto_wide_cnn_100mbit_dense_bound_2026-11-29``, round 2).
-RATE_BYTES_SHARE = 0.5
 #: How many of a PowerSGD method's latest measured steps its residual's lag is pooled over
 #: (``low_rank_lag``, ``Auto._judged_lag``): across its trials and runs, so a trial after a
 #: run adds to what the run measured. Over 64 steps a per-step deviation of 0.2 (the
@@ -1160,8 +1151,7 @@ class Auto(Controller):
 
     def _predicted(self, key: str) -> float:
         """A lower bound of ``key``'s step time: the least local time measured plus its
-        link bytes at the best bandwidth that the largest transfers measured
-        (``RATE_BYTES_SHARE``; 0 before anything was measured). Local
+        link bytes at the best bandwidth measured (0 before anything was measured). Local
         time leaves out the waits and the packing of the wire buffers (fp16's casts), which
         another method may not have.
 
@@ -1173,15 +1163,10 @@ class Auto(Controller):
         pruned by it: its first trial is a probe, run in full where it could win."""
         seen = [(k, e) for k, e in self._s["table"].items()
                 if e["t"] is not None and e["t_comm"] is not None]
-        sized = [(self.wire_bytes(k), e["t_comm"]) for k, e in seen
+        rates = [e["t_comm"] / self.wire_bytes(k) for k, e in seen
                  if e["t_comm"] > 0 and self.wire_bytes(k) > 0]
-        if not seen or not sized:
+        if not seen or not rates:
             return 0.0
-        # The link's rate from the largest transfers measured: a small one's waits can be
-        # hidden by overlap (``RATE_BYTES_SHARE``).
-        largest = max(nbytes for nbytes, _ in sized)
-        rates = [t_comm / nbytes for nbytes, t_comm in sized
-                 if nbytes >= RATE_BYTES_SHARE * largest]
         local = min(max(e["t"] - e["t_comm"] - (e.get("t_pack") or 0.0), 0.0) for _, e in seen)
         return local + self.wire_bytes(key) * min(rates)
 

@@ -353,25 +353,6 @@ def test_dense_is_pruned_where_a_third_of_fp16s_step_cannot_win(t_fp16, pruned):
     assert chosen == [(4 if pruned else 5, "sparse:10")]
 
 
-def test_the_link_rate_comes_from_the_largest_transfers_measured():
-    """fp16's calibration waited 0.95 s of a 1 s step for its bytes; Top-k 160x's waits,
-    0.0005 s, were hidden by overlap. Its rate would price Top-k 10x at the local time
-    alone; the prediction takes the rate of the methods that sent at least half the
-    largest measured bytes (fp16's; dense's too once measured, at twice fp16's bytes)."""
-    auto = _auto(world=2, methods=["dense", "fp16", "sparse:10", "sparse:160"])
-    table = auto._s["table"]
-    table["fp16"] = {"t": 1.0, "t_comm": 0.95, "t_pack": 0.01}
-    table["sparse:160"] = {"t": 0.03, "t_comm": 0.0005, "t_pack": 0.002}
-    assert auto.wire_bytes("sparse:160") < 0.5 * auto.wire_bytes("fp16")
-    local = 0.03 - 0.0005 - 0.002
-    fp16_rate = 0.95 / auto.wire_bytes("fp16")
-    assert auto._predicted("sparse:10") == pytest.approx(
-        local + auto.wire_bytes("sparse:10") * fp16_rate)
-    table["dense"] = {"t": 2.0, "t_comm": 1.7, "t_pack": 0.0}    # a better rate than fp16's
-    assert auto._predicted("sparse:10") == pytest.approx(
-        local + auto.wire_bytes("sparse:10") * 1.7 / auto.wire_bytes("dense"))
-
-
 def test_state_dict_resumes_to_the_same_decisions():
     times = {"dense": 1.0, "fp16": 0.8, "powersgd:4": 0.7, "powersgd:1": 0.6,
              "sparse:10": 0.9}
