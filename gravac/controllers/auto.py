@@ -1181,8 +1181,8 @@ class Auto(Controller):
         Dense's is not the byte prediction, which is no lower bound for it where the CPU
         or latency dominates the waits (``_predicted``), but fp16's measured step divided
         by ``DENSE_FROM_FP16``: on a slow link dense's probe was the dearest step of a run
-        (7.3 s on ResNet-18 at 100 Mbit/s, where PowerSGD rank 4 ran at 0.42 s), and no
-        step of it could win."""
+        (3.5 s on the LSTM at 100 Mbit/s, where PowerSGD rank 4 ran at 0.17 s), and no
+        step of it could win. Read from the agreed table: the same on every rank."""
         entry = self._s["table"].get(key)
         own = entry["t"] / PROBE_NOISE if entry is not None and entry.get("t") else 0.0
         if key == "dense":
