@@ -983,13 +983,12 @@ class Auto(Controller):
         every choice is measured against; ``_bound``), and where fp16's step does not rule
         it out its steps are still the dearest: its full trial was most of what exploring
         cost on ResNet-18 at 1 Gbit/s (5 steps of 0.84 s against fp16's 0.48 s). Dense's
-        probe does not settle: its first step
-        after other methods measured 0.96-1.12x the median of its trial's later steps
-        (the LSTM, ResNet-18 and wide CNN cells' trials). A probe that may still win is
-        run again in full before the choice (``_probe_to_confirm``), so where dense is the
-        fastest it costs one step more. A re-check runs dense again only when its score
-        was close to the best: in full. Read from the agreed table and step counts: the
-        same on every rank."""
+        probe does not settle: its first step after other methods measured 0.96-1.12x the
+        median of its trial's later steps (the LSTM, ResNet-18 and wide CNN cells'
+        trials). A probe that may still win is run again in full before the choice
+        (``_probe_to_confirm``), so where dense is the fastest it costs one step more. A
+        re-check runs dense again only when its score was close to the best: in full.
+        Read from the agreed table and step counts: the same on every rank."""
         s = self._s
         if s.get("confirming"):
             return self.settle_steps, self.trial_steps
