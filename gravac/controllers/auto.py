@@ -139,13 +139,6 @@ PROBE_NOISE = 1.5
 #: ``PROBE_NOISE`` slow: 1.65 x 1.5 = 2.5; the largest ratio in Auto's tables is fp16's
 #: calibration at 1.73x dense's step (the LSTM on 2 hosts at 1 Gbit/s).
 DENSE_FROM_FP16 = 3.0
-#: How many times ``trial_steps`` measured steps a PowerSGD trial may run under
-#: ``low_rank_lag`` while its residual has not filled (``Auto._fill_steps``), where no rank
-#: of its family that keeps more is eligible. In ResNet-18's learning-rate warm-up rank 4
-#: kept 0.16-0.18 of g_ef's energy a step: it fills in 6-7 steps, not in a trial's 4, and
-#: at 100 Mbit/s its steps took 0.41 s against fp16's 3.7 s; rank 1 (0.09 a step) does not
-#: fill in 8 and stays no verdict (``Auto._note_fill``).
-FILL_TRIAL = 2
 #: How many of a PowerSGD method's latest measured steps its residual's lag is pooled over
 #: (``low_rank_lag``, ``Auto._judged_lag``): across its trials and runs, so a trial after a
 #: run adds to what the run measured. Over 64 steps a per-step deviation of 0.2 (the
@@ -431,8 +424,7 @@ class Auto(Controller):
                                  record.extra.get("t_pack")])
         if s.pop("abandon", False):
             self._end_trial(record.step, sync, abandoned=True)
-        elif s["phase"] == "trial" and s["step_in_phase"] >= settle + length \
-                and not self._filling():
+        elif s["phase"] == "trial" and s["step_in_phase"] >= settle + length:
             self._end_trial(record.step, sync)
         elif s["phase"] == "run":
             reason = self._recheck_reason(s["step_in_phase"], record.step)
@@ -465,18 +457,18 @@ class Auto(Controller):
     def _note_fill(self, step: int, key: str, abandoned: bool) -> None:
         """After ``key``'s trial (``abandoned``: ended early): under ``low_rank_lag``, a
         PowerSGD method whose steps did not fill its residual (``_entry_fills``; a trial
-        ended early: whose gain could not fill it over the steps it may run,
-        ``_trial_fills``, not one ended for its lag) is not ruled out but not yet judged,
-        so it is tried again (``_retrials_due``) once the run has run as many steps again
-        as it had at this ``step`` (at most ``recheck_every`` more). A low-rank method
-        keeps little of a high-rank gradient: in ResNet-18's learning-rate warm-up rank 4
-        kept 0.18-0.22 of g_ef's energy a step, 0.50 at step 117, while at 100 Mbit/s its
-        steps took 0.41 s against fp16's 3.7 s (``cpu_auto_resnet18_100mbit_2026-11-29``);
-        judged on a trial that could not fill, it was not run until the next
-        ``recheck_every``. Doubling the wait keeps the re-trials few (log2 of the run's
-        length at most) where it never fills."""
+        ended early: whose gain could not fill it over ``trial_steps``, ``_trial_fills``,
+        not one ended for its lag) is not ruled out but not yet judged, so it is tried
+        again (``_retrials_due``) once the run has run as many steps again as it had at
+        this ``step`` (at most ``recheck_every`` more). A low-rank method keeps little of
+        a high-rank gradient: in ResNet-18's learning-rate warm-up rank 4 kept 0.18-0.22
+        of g_ef's energy a step (its residual could not fill over 4 steps), 0.50 at step
+        117, while at 100 Mbit/s its steps took 0.41 s against fp16's 3.7 s
+        (``cpu_auto_resnet18_100mbit_2026-11-29``); judged only at the next
+        ``recheck_every`` it was never run. Doubling the wait keeps the re-trials few
+        (log2 of the run's length at most) where it never fills."""
         entry = self._s["table"][key]
-        if self._lag_gated(key) and not (self._trial_fills(entry["gain"], key) if abandoned
+        if self._lag_gated(key) and not (self._trial_fills(entry["gain"]) if abandoned
                                          else self._entry_fills(entry)):
             self._defer(key, step)
         else:
@@ -754,7 +746,7 @@ class Auto(Controller):
         lag = self._judged_lag(key) if self._lag_gated(key) else None
         if lag is None:
             return gain
-        return 1.0 - lag if self._trial_fills(gain, key) else 0.0
+        return 1.0 - lag if self._trial_fills(gain) else 0.0
 
     @staticmethod
     def _fills(sent: float, margin: float = 0.0) -> bool:
@@ -768,37 +760,10 @@ class Auto(Controller):
         (``cpu_auto_resnet18_1gbit_lagscore_unfilled_2026-11-29``)."""
         return sent >= 1.0 - margin
 
-    def _trial_fills(self, mean_gain: float, key: str) -> bool:
-        """A trial of ``key`` whose measured steps' mean gain is ``mean_gain`` would fill
-        its residual (``_fills``) over the steps it may run (``_fill_steps``), within
-        ``recheck_within``."""
-        return self._fills(mean_gain * self._fill_steps(key), self.recheck_within)
-
-    def _fill_steps(self, key: str) -> int:
-        """The most measured steps a trial of ``key`` may run: ``trial_steps``, or under
-        ``low_rank_lag`` ``FILL_TRIAL`` times as many for a PowerSGD method while no rank
-        of its family that keeps more is eligible (``_filling``). A lower rank beside an
-        eligible higher one does not run on: on the wide CNN rank 1, whose 4-step trial
-        filled beside rank 4, was admitted and ran 13 steps until its lag ruled it out
-        (``cpu_auto_wide_cnn_1gbit_retrial_lower_rank_2026-11-29``)."""
-        if not self._lag_gated(key) or any(self._eligible(c.key) for c in self._safer(key)):
-            return self.trial_steps
-        return FILL_TRIAL * self.trial_steps
-
-    def _filling(self) -> bool:
-        """The current trial runs on past ``trial_steps``: its method's lag decides
-        (``low_rank_lag``), its measured steps have not sent a step's energy in all
-        (``_fills``) and it may run more (``_fill_steps``). Judged on a trial that did not
-        fill, a method was no verdict and waited to be tried again while a dearer method
-        ran: in ResNet-18's warm-up at 100 Mbit/s fp16's 3.7 s steps (dense's probe, fp16's
-        confirming trial) ran 13 steps before rank 4 (0.41 s), tried again, filled and
-        was chosen (``cpu_auto_resnet18_100mbit_dense_bound_2026-11-29``). From agreed
-        gains and step counts: the same on every rank."""
-        s = self._s
-        key, (settle, _) = s["current"], self._trial_length()
-        return (self._lag_gated(key) and not self._probing()
-                and s["step_in_phase"] < settle + self._fill_steps(key)
-                and not self._fills(sum(x[1] for x in s["samples"])))
+    def _trial_fills(self, mean_gain: float) -> bool:
+        """A trial whose measured steps' mean gain is ``mean_gain`` would fill its residual
+        (``_fills``) over ``trial_steps``, within ``recheck_within``."""
+        return self._fills(mean_gain * self.trial_steps, self.recheck_within)
 
     def _entry_fills(self, entry: Mapping) -> bool:
         """A table entry's steps filled its method's residual (``_fills``): their mean gain
@@ -850,8 +815,8 @@ class Auto(Controller):
             if not (self._lag_gated(key) and self._judged_lag(key) is not None):
                 reason = (f"mean gain below (1 - recheck_within) x epsilon = "
                           f"{self._near_epsilon(key):.4g}")
-            elif not self._trial_fills(mean, key):
-                reason = (f"mean gain {mean:.3g} x {self._fill_steps(key)} steps below "
+            elif not self._trial_fills(mean):
+                reason = (f"mean gain {mean:.3g} x trial_steps={self.trial_steps} below "
                           f"(1 - recheck_within) = {1 - self.recheck_within:g}: its residual "
                           "cannot fill for its lag to show")
             else:
