@@ -24,7 +24,9 @@ How it explores, cheaply:
   allreduce / allgather terms) at the best bandwidth measured so far. A candidate whose
   bound cannot beat the best measured score (with ``tolerance``) is not run. fp16 runs
   first (dense when fp16 is not a candidate): it calibrates the link at half dense's
-  bytes. Dense, the floor every choice is measured against, is not pruned by the byte
+  bytes. Its settling step, the run's first, runs the candidate that puts the fewest
+  bytes on the link: it is not measured, and on a slow link fp16's is a dear step.
+  Dense, the floor every choice is measured against, is not pruned by the byte
   prediction: where latency or the CPU dominates the waits (loopback, few cores) it is no
   lower bound, and it once priced dense out where dense was the fastest. Its bound is
   fp16's measured step divided by ``DENSE_FROM_FP16`` (3: the same values at twice the
@@ -110,6 +112,7 @@ Example::
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import statistics
 from typing import Mapping, Sequence
@@ -328,7 +331,17 @@ class Auto(Controller):
 
     # -- per step -------------------------------------------------------------------------
     def plan(self, step: int) -> StepPlan:
-        m = self._method(self._s["current"])
+        warm = self._warm_method()
+        if warm is not None:
+            # Not measured, so neither its lag nor its layers' gains are recorded: they
+            # would count under the calibration's name.
+            return dataclasses.replace(self._plan_of(warm), measure_lag=False,
+                                       layer_gains=False)
+        return self._plan_of(self._s["current"])
+
+    def _plan_of(self, key: str) -> StepPlan:
+        """The step plan of method ``key`` in the current phase."""
+        m = self._method(key)
         if m.dense:
             return StepPlan(theta_min=1.0, method=m)
         decided = self._decided()
@@ -336,14 +349,32 @@ class Auto(Controller):
             return StepPlan(theta_min=1.0, layer_rank=dict.fromkeys(self._layers, m.rank),
                             needs_gains=True, method=m, decided=decided,
                             measure_lag=self.low_rank_lag is not None)
-        dense = self._dense_layers(self._s["current"])
+        dense = self._dense_layers(key)
         if dense:
             return StepPlan(theta_min=m.level, layer_cf=dict.fromkeys(dense, 1.0),
-                            needs_gains=True, method=m, method_name=self._s["current"],
-                            decided=decided)
+                            needs_gains=True, method=m, method_name=key, decided=decided)
         return StepPlan(theta_min=m.level, theta_c=self._next_cf(m), needs_gains=True,
                         method=m, decided=decided, layer_gains=self.split_layers and
                         m.exchange_for(self._world, self._exchange) != "hierarchical")
+
+    def _warm_method(self) -> str | None:
+        """The method the calibration's settling steps run (None at any other step): the
+        candidate that puts the fewest bytes on the link (``wire_bytes``; the calibration
+        itself where none puts fewer). Settling steps are not measured, and the run's
+        first step pays first-use costs whatever it sends; on a slow link a settling step
+        of fp16 was among the dearest of a run (1.0 s on the wide CNN at 100 Mbit/s, a
+        tenth of its run's step time, 3.7 s on ResNet-18, where PowerSGD's steps take
+        0.045 s and 0.41 s). The calibration's measured step is still its method's own
+        first: a dense probe's first step after other methods measured 0.96-1.12x its
+        trial's later steps (``_trial_length``), while the run's first step measured up to
+        6x a later one's waits (fp16 on ResNet-18 at 10 Gbit/s). Its compression's
+        residual is sent by the calibration's step (fp16 and dense send g_ef whole).
+        From the layers' shapes and the trial's step count: the same on every rank."""
+        s, first = self._s, self.calibration
+        if (s["table"] or s["phase"] != "trial" or s["current"] != first
+                or s["step_in_phase"] >= self._trial_length()[0]):
+            return None
+        return min(self.method_texts, key=lambda k: (self.wire_bytes(k), k != first))
 
     def _decided(self) -> str | None:
         """What a compressed method's step sends, when known before the step (None: the

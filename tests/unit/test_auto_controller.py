@@ -95,10 +95,11 @@ def test_fp16_first_then_each_family_from_its_safe_end_and_gains_prune_what_keep
     nexts = {"sparse:10": 0.8, "sparse:20": 0.45}      # sparse:40's gain, seen from sparse:20
     ran = _drive(auto, 14, times.get, lambda k: gains.get(k, 0.0), nexts.get)
     # fp16 calibrates the link, probed: one step after settling.
-    assert ran[:2] == ["fp16"] * 2 and auto.calibration == "fp16"
+    assert ran[:2] == ["sparse:1000", "fp16"] and auto.calibration == "fp16"
     assert auto.table["fp16"]["steps"] == 1 and auto.table["fp16"]["probe"]
     assert "powersgd:1" not in ran       # rank 4 below ε: rank 1 keeps less
-    assert "sparse:40" not in ran and "sparse:160" not in ran and "sparse:1000" not in ran
+    # (The run's first step, fp16's settling step, runs sparse:1000: the fewest bytes.)
+    assert "sparse:40" not in ran and "sparse:160" not in ran and "sparse:1000" not in ran[1:]
     assert ran.index("sparse:10") < ran.index("sparse:20")          # the ladder is climbed
     pruned = {d["method"]: d["reason"] for d in auto.decisions if d["event"] == "pruned"}
     assert set(pruned) == {"powersgd:1", "sparse:40", "sparse:160", "sparse:1000"}
@@ -115,6 +116,33 @@ def test_fp16_first_then_each_family_from_its_safe_end_and_gains_prune_what_keep
     assert chosen[0]["score"] == pytest.approx(0.9 / 0.6)
 
 
+def test_the_calibrations_settling_step_runs_the_method_of_fewest_bytes():
+    """The run's first step settles fp16's calibration and is not measured: on 2 ranks it
+    runs the candidate whose step puts the fewest bytes on the link, rank 4 here (its
+    factors, 4 x 4 x (1000 + 64 + 256 + 512) bytes, against sparse:10's values and
+    indices and fp16's 2 bytes a value), without measuring its lag (it would count under
+    fp16's name). fp16's entry is its one probed step. On one rank no method puts bytes
+    on a link: fp16 settles itself."""
+    auto = _auto(world=2, methods=["dense", "fp16", "powersgd:4", "sparse:10"],
+                 low_rank_lag=0.1)
+    factors = 4 * 4 * (1000 + 64 + 256 + 512)
+    assert auto.wire_bytes("powersgd:4") == factors + 4 * OTHER      # 2 ranks: x 2 x 1/2
+    assert auto.wire_bytes("powersgd:4") < min(auto.wire_bytes(k) for k in
+                                               ("dense", "fp16", "sparse:10"))
+    first = auto.plan(0)
+    assert first.method.key == "powersgd:4" and first.layer_rank is not None
+    assert not first.measure_lag and not first.layer_gains
+    ran = _drive(auto, 8, {"dense": 2.0, "fp16": 1.2, "powersgd:4": 0.1,
+                           "sparse:10": 0.6}.get, lambda k: 0.6,
+                 lag_of=lambda k: 5.0 if auto.current == "fp16" else 0.01)
+    assert ran[:2] == ["powersgd:4", "fp16"]
+    assert auto.table["fp16"]["steps"] == 1 and auto.table["fp16"]["t"] == 1.2
+    pools = auto.state_dict()["state"]["lag_pool"]
+    assert set(pools) == {"powersgd:4"} and set(pools["powersgd:4"]) == {0.01}
+    one_rank = _auto(methods=["dense", "fp16", "powersgd:4"])
+    assert one_rank.plan(0).method.key == "fp16"
+
+
 @pytest.mark.parametrize("t_fp16, confirmed", [(0.9, True), (1.2, False)])
 def test_a_probe_that_could_win_runs_a_full_trial_before_the_choice(t_fp16, confirmed):
     """fp16's calibration probe measures one step. sparse:10 then scores 0.9 / 0.5 = 1.8.
@@ -124,7 +152,7 @@ def test_a_probe_that_could_win_runs_a_full_trial_before_the_choice(t_fp16, conf
     auto = _auto(world=2, methods=["dense", "fp16", "sparse:10"])
     times = {"dense": 3.0, "fp16": t_fp16, "sparse:10": 0.5}
     ran = _drive(auto, 2 + 3 + 1 + 3 + 1, times.get, lambda k: 0.9)
-    assert ran[:6] == ["fp16"] * 2 + ["sparse:10"] * 3 + ["dense"]
+    assert ran[:6] == ["sparse:10", "fp16"] + ["sparse:10"] * 3 + ["dense"]
     assert ran[6:9] == (["fp16"] * 3 if confirmed else ["sparse:10"] * 3)
     assert auto.table["fp16"]["steps"] == (2 if confirmed else 1)
     assert auto.table["fp16"].get("probe", False) == (not confirmed)
@@ -267,7 +295,7 @@ def test_recheck_measures_the_run_and_tries_the_close_methods_again():
     auto = _auto(world=2, methods=["dense", "fp16", "sparse:10"], recheck_every=4)
     times = {"dense": 1.0, "fp16": 0.9, "sparse:10": 2.0}
     ran = _drive(auto, 12 + 4 + 3, times.get, lambda k: 0.9, comm=0.05)
-    assert ran[:12] == ["fp16"] * 2 + ["sparse:10"] * 3 + ["dense"] + ["fp16"] * 3 + \
+    assert ran[:12] == ["sparse:10", "fp16"] + ["sparse:10"] * 3 + ["dense"] + ["fp16"] * 3 + \
         ["dense"] * 3
     assert ran[12:16] == ["fp16"] * 4                     # the choice runs
     # The re-check: dense is within 15% of fp16's score, sparse:10 (score 0.45) is not.
@@ -308,7 +336,7 @@ def test_dense_runs_where_fp16s_step_is_no_slower_than_the_best_and_its_predicti
     ran = _drive(auto, 5, times.get, lambda k: 0.9, comm=0.9)
     assert auto._predicted("dense") == pytest.approx(0.05 + 2 * 0.495)
     ran += _drive(auto, 1 + 3 + 3 + 1, times.get, lambda k: 0.9, comm=0.9)
-    assert ran == ["fp16"] * 2 + ["sparse:10"] * 3 + ["dense"] + ["dense"] * 3 + \
+    assert ran == ["sparse:10", "fp16"] + ["sparse:10"] * 3 + ["dense"] + ["dense"] * 3 + \
         ["fp16"] * 3 + ["dense"]
     assert auto.current == "dense" and auto.phase == "run"
 
@@ -322,7 +350,7 @@ def test_a_dense_trial_that_fp16_rules_out_is_a_probe_and_dense_still_wins_if_fa
     auto = _auto(world=2, methods=["dense", "fp16", "sparse:10"])
     ran = _drive(auto, 2 + 3 + 1 + 3 + 1, {"dense": 0.25, "fp16": 0.8, "sparse:10": 0.3}.get,
                  lambda k: 0.9)
-    assert ran == ["fp16"] * 2 + ["sparse:10"] * 3 + ["dense"] + ["dense"] * 3 + ["dense"]
+    assert ran == ["sparse:10", "fp16"] + ["sparse:10"] * 3 + ["dense"] + ["dense"] * 3 + ["dense"]
     probe = [d for d in auto.decisions if d["method"] == "dense" and d.get("probe")]
     assert [(d["step"], d["steps"]) for d in probe] == [(5, 1)]
     assert auto.table["dense"]["steps"] == 2 and "probe" not in auto.table["dense"]
@@ -339,7 +367,7 @@ def test_dense_is_pruned_where_a_third_of_fp16s_step_cannot_win(t_fp16, pruned):
     auto = _auto(world=2, methods=["dense", "fp16", "sparse:10"])
     ran = _drive(auto, 2 + 3 + 3, {"dense": 3.0, "fp16": t_fp16, "sparse:10": 0.5}.get,
                  lambda k: 0.9)
-    assert ran[:5] == ["fp16"] * 2 + ["sparse:10"] * 3
+    assert ran[:5] == ["sparse:10", "fp16"] + ["sparse:10"] * 3
     assert ran[5:] == (["sparse:10"] * 3 if pruned else ["dense"] + ["sparse:10"] * 2)
     out = [d for d in auto.decisions if d["event"] == "pruned"]
     if pruned:
@@ -683,11 +711,12 @@ def test_a_measured_method_is_pruned_by_its_own_step_time_where_the_prediction_i
     auto = _auto(world=2, methods=["dense", "fp16", "powersgd:4", "sparse:10"],
                  recheck_every=1000)
     times = {"dense": 3.0, "fp16": 1.8, "powersgd:4": 0.2, "sparse:10": 0.5}
-    gains = {"powersgd:4": iter([0.9] * 5 + [0.4] * 100),
+    # (Rank 4's first 0.9: the run's first step, fp16's settling step, runs rank 4.)
+    gains = {"powersgd:4": iter([0.9] * 6 + [0.4] * 100),
              "sparse:10": iter([0.45] * 5 + [0.9] * 100)}
     ran = _drive(auto, 24, times.get, lambda k: next(gains[k]), comm=0.05)
     assert auto._predicted("fp16") < 0.3
-    assert ran.count("fp16") == 2                              # its calibration probe only
+    assert ran.count("fp16") == 1                              # its calibration probe only
     pruned = [(d["step"], d["method"]) for d in auto.decisions if d["event"] == "pruned"]
     assert pruned == [(4, "dense"), (16, "fp16")] and "dense" not in ran
     assert auto.current == "sparse:10" and auto.phase == "run"
@@ -1147,7 +1176,8 @@ def test_the_trial_that_rules_its_family_out_tries_the_families_safe_end_at_once
     auto = _auto(world=2, methods=["dense", "fp16", "powersgd:4", "sparse:10", "sparse:20",
                                    "sparse:40"], recheck_every=1000, alpha=0.02)
     times = {"dense": 3.0, "fp16": 1.0, "powersgd:4": 0.2, "sparse:10": 0.3, "sparse:20": 0.2}
-    gains = {"powersgd:4": iter([0.9] * 3 + [0.3] * 100),
+    # (Rank 4's first 0.9: the run's first step, fp16's settling step, runs rank 4.)
+    gains = {"powersgd:4": iter([0.9] * 4 + [0.3] * 100),
              "sparse:20": iter([0.8] * 3 + [0.45] * 100), "sparse:10": iter([0.9] * 100)}
     nexts = {"sparse:20": 0.45, "sparse:10": 0.45}
     ran = _drive(auto, 20, times.get, lambda k: next(gains[k]), nexts.get, comm=0.9)
