@@ -183,7 +183,8 @@ class Auto(Controller):
             recommended's: lower, a sparse CF whose gain barely clears it can cost final
             loss, docs/ALGORITHM.md's measured cells).
         trial_steps: measured steps of a trial (>= 1).
-        settle_steps: steps of a trial before measuring (>= 0).
+        settle_steps: steps of a trial before measuring (>= 0); the first trial's (the
+            run's first steps) send the candidate of the fewest link bytes.
         recheck_every: steps of the chosen method between two re-checks (>= 1).
         recheck_within: methods whose score was within this fraction of the best run a
             trial again at a re-check; a trial whose mean gain so far is more than this
