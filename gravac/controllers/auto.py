@@ -133,7 +133,10 @@ VALUE_BYTES = 4
 #: How much slower than its trial's median one measured step may be: a probe's method is
 #: confirmed by a full trial unless it could not win even this much faster. Measured: the
 #: calibration's first measured step took up to 1.38x its trial's median (the LSTM at
-#: 1 Gbit/s, second step of training), a dense step after other methods 0.96-1.12x.
+#: 1 Gbit/s, second step of training), a dense step after other methods 0.96-1.12x, and
+#: fp16's first step after the run's first sent another method up to 1.64x (ResNet-18 on
+#: 2 hosts x 2 ranks; ``Auto._warm_method``): within (1 + tolerance) x 1.5 = 1.65, so no
+#: probe ruled out a method that would have won.
 PROBE_NOISE = 1.5
 #: How much faster than fp16's measured step a dense step may be (``Auto._bound``): the
 #: same values at twice the bytes, without the casts. Where the CPU sums the values fp16
@@ -365,11 +368,15 @@ class Auto(Controller):
         first step pays first-use costs whatever it sends; on a slow link a settling step
         of fp16 was among the dearest of a run (1.0 s on the wide CNN at 100 Mbit/s, a
         tenth of its run's step time, 3.7 s on ResNet-18, where PowerSGD's steps take
-        0.045 s and 0.41 s). The calibration's measured step is still its method's own
-        first: a dense probe's first step after other methods measured 0.96-1.12x its
-        trial's later steps (``_trial_length``), while the run's first step measured up to
-        6x a later one's waits (fp16 on ResNet-18 at 10 Gbit/s). Its compression's
-        residual is sent by the calibration's step (fp16 and dense send g_ef whole).
+        0.045 s and 0.41 s). The calibration's measured step is then its method's first:
+        fp16's probe measured 1.0x its later steps on one host at 100 Mbit/s, 1.24-1.44x
+        on the LSTM at 10 Gbit/s (1.29-1.37x when fp16 had settled), and 1.27x and 1.64x
+        on ResNet-18 on 2 hosts x 2 ranks sharing 2 cores (its waits as later, its local
+        work longer), within what a probe may be slow by before it
+        rules its method out, (1 + ``tolerance``) x ``PROBE_NOISE`` = 1.65
+        (``_probe_to_confirm``); the run's first step, whatever it sends, waited up to 6x as
+        long as a later one (fp16 on ResNet-18 at 10 Gbit/s). Its compression's residual
+        is sent by the calibration's step (fp16 and dense send g_ef whole).
         From the layers' shapes and the trial's step count: the same on every rank."""
         s, first = self._s, self.calibration
         if (s["table"] or s["phase"] != "trial" or s["current"] != first
