@@ -365,19 +365,14 @@ class Auto(Controller):
         """The method the calibration's settling steps run (None at any other step): the
         candidate that puts the fewest bytes on the link (``wire_bytes``; the calibration
         itself where none puts fewer). Settling steps are not measured, and the run's
-        first step pays first-use costs whatever it sends; on a slow link a settling step
-        of fp16 was among the dearest of a run (1.0 s on the wide CNN at 100 Mbit/s, a
-        tenth of its run's step time, 3.7 s on ResNet-18, where PowerSGD's steps take
-        0.045 s and 0.41 s). The calibration's measured step is then its method's first:
-        fp16's probe measured 1.0x its later steps on one host at 100 Mbit/s, 1.24-1.44x
-        on the LSTM at 10 Gbit/s (1.29-1.37x when fp16 had settled), and 1.27x and 1.64x
-        on ResNet-18 on 2 hosts x 2 ranks sharing 2 cores (its waits as later, its local
-        work longer), within what a probe may be slow by before it
-        rules its method out, (1 + ``tolerance``) x ``PROBE_NOISE`` = 1.65
-        (``_probe_to_confirm``); the run's first step, whatever it sends, waited up to 6x as
-        long as a later one (fp16 on ResNet-18 at 10 Gbit/s). Its compression's residual
-        is sent by the calibration's step (fp16 and dense send g_ef whole).
-        From the layers' shapes and the trial's step count: the same on every rank."""
+        first step pays first-use costs whatever it sends (fp16's waited up to 6x as long
+        as a later one on ResNet-18 at 10 Gbit/s); on a slow link an fp16 settling step
+        was among the dearest of a run (1.0 s on the wide CNN at 100 Mbit/s, a tenth of
+        its run's step time; 3.7 s on ResNet-18, where PowerSGD's steps take 0.045 s and
+        0.41 s). The calibration's measured step is then its method's first, at most as
+        slow as ``PROBE_NOISE`` allows for. The calibration's step sends the residual
+        this step leaves whole (fp16 and dense send g_ef). From the layers' shapes and
+        the trial's step count: the same on every rank."""
         s, first = self._s, self.calibration
         if (s["table"] or s["phase"] != "trial" or s["current"] != first
                 or s["step_in_phase"] >= self._trial_length()[0]):
