@@ -36,10 +36,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", nargs="+", required=True, metavar="FILE",
                         help="YAML config files, merged left to right")
-    parser.add_argument("--set", dest="overrides", action="append", default=[],
+    # One or more after each --set, as --config takes its files: "--set a=1 b=2" is what a
+    # user types first, and "--set a=1 --set b=2" stays valid.
+    parser.add_argument("--set", dest="overrides", action="extend", nargs="+", default=[],
                         metavar="KEY=VALUE",
-                        help="override one key (dotted path, YAML value), e.g. "
-                             "--set optimizer.lr=0.05; repeatable")
+                        help="override keys (dotted path, YAML value), e.g. "
+                             "--set optimizer.lr=0.05 run.steps=100; repeatable")
     parser.add_argument("--dry-run", action="store_true",
                         help="validate the config, build model, data and optimizer, print the "
                              "resolved config and exit")

@@ -28,6 +28,16 @@ def test_later_files_and_set_override_earlier(tmp_path):
     assert cfg.run.name == "small_cnn-digits-gravac"          # name from placeholders
 
 
+def test_set_takes_several_overrides_after_one_flag_and_stays_repeatable():
+    from gravac.train.cli import parse_args
+
+    args = parse_args(["--config", "a.yaml", "b.yaml", "--set", "run.steps=5", "optimizer.lr=0.1",
+                       "--set", "run.name=x", "--dry-run"])
+    assert args.config == ["a.yaml", "b.yaml"] and args.dry_run
+    assert args.overrides == ["run.steps=5", "optimizer.lr=0.1", "run.name=x"]
+    assert parse_args(["--config", "a.yaml"]).overrides == []
+
+
 def test_set_parses_yaml_values_without_eval():
     assert parse_override("a.b=1e-4") == {"a": {"b": "1e-4"}}   # coerced to float later
     assert parse_override("x=__import__('os')") == {"x": "__import__('os')"}
