@@ -47,6 +47,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 import result_set  # noqa: E402
+from gravac.util.overrides import add_set_option  # noqa: E402
 # name -> (config file, Accordion's compression file (the paper's per model kind), steps)
 WORKLOADS = {
     "lstm": ("configs/benchmarks/e2e_lstm_zipf.yaml", "accordion_lstm.yaml", 300),
@@ -477,8 +478,7 @@ def main() -> int:
                              "report each method's ratios per round, median and range")
     parser.add_argument("--summarize-only", action="store_true",
                         help="do not train: summarize the runs already under --out")
-    parser.add_argument("--set", dest="extra", action="append", default=[],
-                        help="extra train.py override for every run (KEY=VALUE)")
+    add_set_option(parser, dest="extra", help="extra train.py overrides for every run")
     result_set.add_argument(parser)
     args = parser.parse_args()
     if args.result_set:

@@ -42,6 +42,7 @@ from gravac.engine.phases import WAIT_PHASES  # noqa: E402
 from gravac.engine.run_record import SENT_SKIPPED, STEP_TIME_FIELDS  # noqa: E402
 from gravac.report import load_rank_steps, load_run  # noqa: E402
 from gravac.report.stats import TIME_COLUMNS  # noqa: E402
+from gravac.util.overrides import add_set_option  # noqa: E402
 
 _RATE = re.compile(r"^(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit)$")
 _SCALE = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
@@ -168,8 +169,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=REPO / "runs/benchmarks/step_profile")
     parser.add_argument("--rounds", type=int, default=1,
                         help="run the methods this many times, interleaved, and pool the steps")
-    parser.add_argument("--set", dest="extra", action="append", default=[],
-                        help="extra config override for every run (key=value)")
+    add_set_option(parser, dest="extra", help="extra config overrides for every run")
     parser.add_argument("--all-ranks", action="store_true",
                         help="every rank records its phases (run.rank_phases): a table per "
                              "rank and the skew between them")

@@ -11,6 +11,7 @@ import faulthandler
 import io
 import sys
 
+from ..util.overrides import add_set_option
 from .config import ConfigError, check_launcher, load_config
 
 EPILOG = """\
@@ -36,12 +37,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", nargs="+", required=True, metavar="FILE",
                         help="YAML config files, merged left to right")
-    # One or more after each --set, as --config takes its files: "--set a=1 b=2" is what a
-    # user types first, and "--set a=1 --set b=2" stays valid.
-    parser.add_argument("--set", dest="overrides", action="extend", nargs="+", default=[],
-                        metavar="KEY=VALUE",
-                        help="override keys (dotted path, YAML value), e.g. "
-                             "--set optimizer.lr=0.05 run.steps=100; repeatable")
+    add_set_option(parser, help="override keys (dotted path, YAML value), e.g. "
+                                "--set optimizer.lr=0.05 run.steps=100; repeatable")
     parser.add_argument("--dry-run", action="store_true",
                         help="validate the config, build model, data and optimizer, print the "
                              "resolved config and exit")
