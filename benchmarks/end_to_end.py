@@ -1,22 +1,24 @@
-"""End-to-end comparison on a slow link: dense Horovod, Horovod fp16, static Top-k, Accordion
-and GraVAC, 2 ranks in a bandwidth-limited network namespace, on Horovod (horovodrun) and/or
-torch.distributed (torchrun).
+"""End-to-end comparison on a rate-limited link: what a user runs without gravac (DDP, its
+fp16 and PowerSGD hooks, Horovod dense and fp16) against gravac's methods (static
+compressors, Accordion, GraVAC, controller: auto), ranks in bandwidth-limited network
+namespaces, on Horovod (horovodrun) and/or torch.distributed (torchrun).
 
 For each rate (default 1gbit and 100mbit) it trains the same workload, with the same seed,
 data and step count, once per method, inside hvd_scripts/bandwidth_sandbox.sh. Workloads
 (--workload): ``lstm`` (configs/benchmarks/e2e_lstm_zipf.yaml: a 2-layer LSTM with a
 20,000-word vocabulary on generated text with Zipf word frequencies, 5.4M parameters; the
-default) and ``wide_cnn`` (configs/benchmarks/e2e_wide_cnn.yaml: a communication-bound CNN
-on generated images with 40% label noise). It prints per method, as ratios to the dense
-run of the same invocation and rate:
+default), ``wide_cnn`` (configs/benchmarks/e2e_wide_cnn.yaml: a communication-bound CNN
+on generated images with 40% label noise) and ``resnet18`` (configs/benchmarks/
+e2e_resnet18.yaml: CIFAR-style ResNet-18, 11.2M parameters, on generated images). It
+prints per method, as ratios to the dense run of the same invocation and rate:
 
   samples/s (steady state: steps after the first 10), time to a target training loss (the
   dense run's smoothed loss at 80% of its steps), final loss (mean of the last 10% of
   steps), floats sent relative to dense, and GraVAC's CF history.
 
-    sudo .venv/bin/python benchmarks/end_to_end.py [--workload lstm|wide_cnn]
-        [--rates 1gbit 100mbit 10gbit] [--steps N] [--methods dense gravac ...]
-        [--backend horovod torch] [--out runs/benchmarks/e2e]
+    .venv/bin/python benchmarks/end_to_end.py [--workload lstm|wide_cnn|resnet18]
+        [--rates 1gbit 100mbit 10gbit] [--steps N] [--methods dense horovod_fp16 gravac_auto ...]
+        [--backend horovod torch] [--np 2] [--hosts 1] [--rounds 2] [--out runs/benchmarks/e2e]
 
 --rounds N runs the whole set N times (round r under --out/round<r>/; even rounds in the
 reverse order, so a machine that drifts during the invocation favours no method) and ends
@@ -459,12 +461,17 @@ def round_dir(out: Path, round_: int, rounds: int) -> Path:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rates", nargs="+", default=["1gbit", "100mbit"])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
+    parser.add_argument("--rates", nargs="+", default=["1gbit", "100mbit"], metavar="RATE",
+                        help="link rates, tc's syntax (default: 1gbit 100mbit)")
     parser.add_argument("--workload", choices=list(WORKLOADS), default="lstm")
     parser.add_argument("--steps", type=int, default=None,
-                        help="steps per run (default: 300 for lstm, 150 for wide_cnn)")
-    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+                        help="steps per run (default: " + ", ".join(
+                            f"{steps} for {name}" for name, (_, _, steps) in WORKLOADS.items())
+                        + ")")
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS),
+                        metavar="METHOD",
+                        help="what to run (default: every one): " + ", ".join(METHODS))
     parser.add_argument("--np", type=int, default=2)
     parser.add_argument("--hosts", type=int, default=1,
                         help="sandbox hosts (hvd_scripts/cluster_sandbox.sh) the --np ranks "
