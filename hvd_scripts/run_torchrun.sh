@@ -76,7 +76,7 @@ fi
 
 python=$venv/bin/python
 [ -x "$python" ] || python=$(command -v python3)
-check_config "$python"
+check_config "$python" torchrun
 
 cd "$repo"
 cmd=("$torchrun" "${launch[@]}" train.py --config "${configs[@]}" --set run.backend=torch

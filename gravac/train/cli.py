@@ -1,7 +1,7 @@
 """Command line of ``train.py``.
 
     horovodrun -np N python train.py --config FILE [FILE ...] [--set key=value ...]
-                                     [--dry-run] [--resume] [--check]
+                                     [--dry-run] [--resume] [--check [LAUNCHER]]
     torchrun --nproc-per-node N train.py --config FILE [FILE ...] ...
 """
 from __future__ import annotations
@@ -11,6 +11,7 @@ import faulthandler
 import io
 import sys
 
+from ..comm import LAUNCHERS
 from ..util.overrides import add_set_option
 from .config import ConfigError, check_launcher, load_config
 
@@ -22,11 +23,11 @@ later files and --set override earlier ones key by key. Examples:
   torchrun --standalone --nproc-per-node 2 train.py --config configs/demo.yaml
   python train.py --config configs/models/resnet101_cifar10.yaml \\
       configs/compression/gravac_exp_dgc_eps07.yaml --set data.root=~/data --dry-run
-  python train.py --config configs/demo.yaml --set run.steps=2000 --resume
+  horovodrun -np 2 -H localhost:2 --gloo python train.py --config configs/demo.yaml \
+      --set run.steps=2000 --resume        # as many ranks as the run had
 
 The transport is the launcher's (run.backend: auto), or set run.backend=horovod|torch|local.
-Every key, its type and its default: gravac/train/config.py (the controllers' options:
-gravac/controllers/gravac.py and accordion.py).
+Every key, its type, its default and its meaning: docs/CONFIG.md.
 """
 
 
@@ -35,8 +36,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         prog="train.py", description="Train with gravac (adaptive gradient compression on Horovod "
                                      "or torch.distributed).",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", nargs="+", required=True, metavar="FILE",
-                        help="YAML config files, merged left to right")
+    # Repeatable as --set is: a second --config adds its files instead of dropping the first.
+    parser.add_argument("--config", nargs="+", action="extend", required=True, metavar="FILE",
+                        help="YAML config files, merged left to right; repeatable")
     add_set_option(parser, help="override keys (dotted path, YAML value), e.g. "
                                 "--set optimizer.lr=0.05 run.steps=100; repeatable")
     parser.add_argument("--dry-run", action="store_true",
@@ -44,11 +46,17 @@ def parse_args(argv=None) -> argparse.Namespace:
                              "resolved config and exit")
     parser.add_argument("--resume", action="store_true",
                         help="continue the run in run.output_dir/run.name from its latest checkpoint")
-    parser.add_argument("--check", action="store_true",
+    parser.add_argument("--check", nargs="?", const="", default=None, metavar="LAUNCHER",
                         help="only check the config and the data files, in this one process "
                              "without a launcher (what hvd_scripts/run_*.sh run before "
-                             "launching); exit 0, or 2 with one line")
-    return parser.parse_args(argv)
+                             "launching); exit 0, or 2 with one line. With the launcher "
+                             "that will start the job (horovodrun or torchrun) its options "
+                             "are checked against it too")
+    args = parser.parse_args(argv)
+    if args.check and args.check not in LAUNCHERS.values():
+        parser.error(f"--check {args.check}: the launcher is one of "
+                     f"{', '.join(LAUNCHERS.values())}")
+    return args
 
 
 def check(cfg) -> None:
@@ -73,11 +81,12 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     try:
         cfg = load_config(args.config, args.overrides)
-        check_launcher(cfg)     # before any rank starts a transport or touches the run folder
+        # before any rank starts a transport or touches the run folder
+        check_launcher(cfg, launcher=args.check or None)
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)
         return 2
-    if args.check:
+    if args.check is not None:
         try:
             check(cfg)
         except ConfigError as exc:

@@ -116,7 +116,9 @@ class RunConfig:
     # reset rolls back to the last one).
     elastic_commit_interval: int = 10
     # Transport: "auto" (whichever launched this process: torchrun -> torch, else
-    # horovod), "horovod" or "torch" (torch.distributed: gloo on CPU, nccl on GPU).
+    # horovod), "horovod", "torch" (torch.distributed: gloo on CPU, nccl on GPU) or "local"
+    # (one process, no launcher, nothing communicated: DDP's options are not used; how a
+    # torchrun-only config is dry-run in one process).
     backend: str = "auto"
     # Where each rank trains (gravac/train/device.py): "cuda" (the GPU of the rank's local
     # rank), "cpu", or "auto" (a GPU when this process sees one and the transport can move
@@ -564,6 +566,13 @@ def validate(cfg: Config) -> None:
     _require(c.ddp_start_powersgd_iter >= 2, "compression.ddp_start_powersgd_iter",
              c.ddp_start_powersgd_iter, "must be >= 2 (PyTorch's hook starts after DDP's "
              "first two iterations)")
+    from .. import compressors
+    # Before any rule below compares the name: the registry's lookup ignores case, the
+    # rules do not ("PowerSGD" passed them as a sparsifier, then failed in the engine).
+    _require(c.compressor in compressors.REGISTRY, "compression.compressor", c.compressor,
+             f"must be one of {', '.join(compressors.REGISTRY)}")
+    if r.backend == "horovod":
+        refuse_ddp_only(c, "horovod")
     try:
         auto = build_controller(c) if c.controller == "auto" else None
     except ValueError:
@@ -602,11 +611,11 @@ def validate(cfg: Config) -> None:
         _require(c.controller == controller, key, value,
                  f"applies to compression.controller={controller} (got {c.controller!r})")
     if c.controller != "dense":
-        from .. import compressors
-        try:
+        try:        # the name is known by now: what is wrong is an option
             compressors.get(c.compressor, **c.compressor_options)
         except ValueError as exc:
-            raise ConfigError(f"compression.compressor={c.compressor!r}: {exc}") from None
+            raise ConfigError(f"compression.compressor_options={c.compressor_options!r} "
+                              f"(compressor {c.compressor}): {exc}") from None
         try:
             build_controller(c)
         except ValueError as exc:
@@ -628,9 +637,33 @@ def engine_options(cfg: Config, **front_end) -> GravacOptions:
 
 def _compressor_kind(name: str):
     """The compressor class named ``name`` (its kind: dense, low rank or a sparsifier),
-    for the option rules; an unknown name is the compressor check's to report."""
+    for the option rules (the name is checked before)."""
     from .. import compressors
-    return compressors.REGISTRY.get(name, compressors.REGISTRY["topk"])
+    return compressors.REGISTRY[name]
+
+
+def _ddp_only(c: CompressionConfig) -> tuple[str, str] | None:
+    """The first option set in ``c`` that only PyTorch DDP has (torchrun), as ("key=value",
+    what to use instead), or None."""
+    if c.ddp_powersgd_rank is not None:
+        return (f"compression.ddp_powersgd_rank={c.ddp_powersgd_rank}",
+                "with horovodrun use compressor: powersgd "
+                "(configs/compression/static_powersgd_rank4.yaml)")
+    if c.front_end == "ddp_hook":
+        return "compression.front_end='ddp_hook'", "use front_end: optimizer"
+    return None
+
+
+def refuse_ddp_only(c: CompressionConfig, transport: str, hint: str = "") -> None:
+    """``ConfigError`` where ``c`` asks for PyTorch DDP (its PowerSGD hook, gravac's DDP
+    hook) and the run's transport is ``transport`` (``"horovod"``): under horovodrun the
+    hook would not exist. The one-process ``local`` transport communicates nothing and is
+    not refused: it is how such a config is dry-run without torchrun."""
+    found = _ddp_only(c)
+    if found is not None and transport == "horovod":
+        key, instead = found
+        raise ConfigError(f"{key}: PyTorch DDP runs on torch.distributed (torchrun, "
+                          f"run.backend=torch), not {transport}; {instead}{hint}")
 
 
 def _check_output_path(r: RunConfig) -> None:
@@ -649,14 +682,20 @@ def _check_output_path(r: RunConfig) -> None:
             return
 
 
-def check_launcher(cfg: Config, environ=None) -> None:
+def check_launcher(cfg: Config, environ=None, launcher: str | None = None) -> None:
     """Refuse a ``run.backend`` other than the launcher's (``ConfigError``): under torchrun,
     ``run.backend=horovod`` (or ``local``) makes every worker a 1-rank job of its own, all
-    writing one run folder, and the other way round alike. Without a launcher (``environ``,
-    default this process's: ``gravac.comm.launched_by``) every backend may be asked for."""
+    writing one run folder, and the other way round alike; and PyTorch DDP's options where
+    the transport will be Horovod's. The launcher is ``launcher`` (its command,
+    ``"horovodrun"`` or ``"torchrun"``: the one that will start the job, for ``train.py
+    --check``), else the one that started this process (``environ``, default this
+    process's: ``gravac.comm.launched_by``); without one every backend may be asked for."""
     from ..comm import LAUNCHERS, launched_by
 
-    backend, launcher = cfg.run.backend, launched_by(environ)
+    backend = cfg.run.backend
+    launcher = {name: b for b, name in LAUNCHERS.items()}[launcher] if launcher \
+        else launched_by(environ)
+    refuse_ddp_only(cfg.compression, backend if backend != "auto" else launcher)
     if launcher is None or backend in ("auto", launcher):
         return
     other = f"launch with {LAUNCHERS[backend]}" if backend in LAUNCHERS else \

@@ -32,7 +32,7 @@ import torch
 
 from ..comm import Comm
 from ..engine import StepStats, wrap_optimizer
-from .config import Config, build_controller, engine_options
+from .config import Config, build_controller, engine_options, refuse_ddp_only
 
 
 def dense_fp16(cfg: Config) -> bool:
@@ -283,17 +283,11 @@ def build_method(cfg: Config, comm: Comm) -> Method:
         method.kind                    # "gravac"
     """
     c = cfg.compression
-    # Under horovodrun the hook would silently not exist: refused. (One process, the local
-    # transport, communicates nothing, so there is nothing to refuse; --dry-run uses it.)
-    if c.ddp_powersgd_rank is not None and comm.backend == "horovod":
-        raise ValueError(f"compression.ddp_powersgd_rank={c.ddp_powersgd_rank}: PyTorch DDP's "
-                         f"PowerSGD hook runs on torch.distributed (torchrun, run.backend=torch), "
-                         f"not {comm.backend}; with horovodrun use compressor: powersgd "
-                         "(configs/compression/static_powersgd_rank4.yaml)")
-    if c.front_end == "ddp_hook" and comm.backend == "horovod":
-        raise ValueError(f"compression.front_end=ddp_hook: PyTorch DDP runs on "
-                         f"torch.distributed (torchrun, run.backend=torch), not "
-                         f"{comm.backend}; use front_end: optimizer")
+    # Under horovodrun the hook would silently not exist: refused (the config refuses it
+    # earlier wherever the launcher is known; here: run.backend=auto without a launcher,
+    # e.g. --dry-run, where Horovod is what auto finds).
+    refuse_ddp_only(c, comm.backend, hint="; to dry-run it in one process, "
+                                          "--set run.backend=local")
     if c.controller == "dense":
         return _DENSE_BASELINES.get(comm.backend, Gravac)(cfg, comm)
     if c.front_end == "ddp_hook" and comm.backend == "torch":

@@ -55,12 +55,13 @@ find_horovodrun() {
     fi
 }
 
-# check_config PYTHON: `train.py --check` with the configs and train.py arguments, before
-# the launcher starts: a bad config or data file is its one line (exit 2), not a line
-# buried under every rank's output and the launcher's own traceback.
+# check_config PYTHON LAUNCHER: `train.py --check LAUNCHER` with the configs and train.py
+# arguments, before the launcher (horovodrun or torchrun) starts: a bad config or data file,
+# or an option the launcher's transport lacks, is its one line (exit 2), not a line buried
+# under every rank's output and the launcher's own traceback.
 check_config() {
     "$1" "$repo/train.py" --config "${configs[@]}" ${train_args[@]+"${train_args[@]}"} \
-        --check >/dev/null || exit $?
+        --check "$2" >/dev/null || exit $?
 }
 
 # exec_job PYTHON COMMAND...: becomes gravac/util/job.py running COMMAND (the launcher):

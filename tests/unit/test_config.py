@@ -36,6 +36,13 @@ def test_set_takes_several_overrides_after_one_flag_and_stays_repeatable():
     assert args.config == ["a.yaml", "b.yaml"] and args.dry_run
     assert args.overrides == ["run.steps=5", "optimizer.lr=0.1", "run.name=x"]
     assert parse_args(["--config", "a.yaml"]).overrides == []
+    # --config repeated adds its files (before: the last one alone was loaded).
+    assert parse_args(["--config", "a.yaml", "--config", "b.yaml"]).config == ["a.yaml", "b.yaml"]
+    assert parse_args(["--config", "a.yaml", "--check"]).check == ""
+    assert parse_args(["--config", "a.yaml", "--check", "torchrun"]).check == "torchrun"
+    assert parse_args(["--config", "a.yaml"]).check is None
+    with pytest.raises(SystemExit):
+        parse_args(["--config", "a.yaml", "--check", "mpirun"])
 
 
 def test_set_parses_yaml_values_without_eval():
@@ -55,7 +62,23 @@ def test_set_parses_yaml_values_without_eval():
     (["run.steps=5", "optimizer.momentum=1.5"], r"optimizer.momentum=1.5: must be in \[0, 1\)"),
     (["run.steps=5", "data.name=imagenet"], "data.name='imagenet': must be one of digits, cifar10"),
     (["run.steps=5", "compression.controller=magic"], "compression.controller='magic': must be one of"),
-    (["run.steps=5", "compression.compressor=top_k"], "unknown compressor 'top_k'; known compressors"),
+    (["run.steps=5", "compression.compressor=top_k"],
+     "compression.compressor='top_k': must be one of topk, dgc, redsync, randomk, none, powersgd"),
+    # A name in another case passed the rules that compare names, then failed in the engine.
+    (["run.steps=5", "compression.compressor=PowerSGD", "compression.overlap=true"],
+     "compression.compressor='PowerSGD': must be one of topk"),
+    (["run.steps=5", "compression.compressor_options={sample_fraction: 2}"],
+     r"compression.compressor_options=\{'sample_fraction': 2\} \(compressor topk\): topk: "
+     "sample_fraction must be"),
+    (["run.steps=5", "compression.compressor_options={foo: 2}"],
+     r"compression.compressor_options=\{'foo': 2\} \(compressor topk\): unknown option"),
+    # PyTorch DDP's options where the transport is Horovod's: the hook would not exist.
+    (["run.steps=5", "run.backend=horovod", "compression.front_end=ddp_hook"],
+     "compression.front_end='ddp_hook': PyTorch DDP runs on torch.distributed"),
+    (["run.steps=5", "run.backend=horovod", "compression.controller=dense",
+      "compression.ddp_powersgd_rank=4"],
+     "compression.ddp_powersgd_rank=4: PyTorch DDP runs on torch.distributed .* with "
+     "horovodrun use compressor: powersgd"),
     (["run.steps=5", "compression.controller=gravac", "compression.gravac.omega=-1"],
      "compression.gravac.omega=-1.0: omega must be a number >= 0"),
     (["run.steps=5", "compression.controller=static", "compression.cf=0.5"],
@@ -270,6 +293,37 @@ def test_the_launchers_backend_and_no_launcher_are_accepted(environ, backend):
 
     check_launcher(load_config([REPO / "configs/demo.yaml"], [f"run.backend={backend}"]),
                    environ)
+
+
+@pytest.mark.parametrize("extra", [["compression.front_end=ddp_hook"],
+                                   ["compression.controller=dense",
+                                    "compression.ddp_powersgd_rank=4"]])
+def test_ddp_options_are_refused_where_horovod_will_run_the_job(extra):
+    # Under horovodrun (or `--check horovodrun`, what run_single_node.sh runs first) with
+    # run.backend=auto; accepted under torchrun, without a launcher (--dry-run, --check)
+    # and on the one-process local transport.
+    from gravac.train.config import check_launcher
+
+    cfg = load_config([REPO / "configs/demo.yaml"], extra)
+    for kwargs in ({"environ": HOROVODRUN_ENV}, {"environ": {}, "launcher": "horovodrun"}):
+        with pytest.raises(ConfigError, match="PyTorch DDP runs on torch.distributed"):
+            check_launcher(cfg, **kwargs)
+    check_launcher(cfg, TORCHRUN_ENV)
+    check_launcher(cfg, {}, launcher="torchrun")
+    check_launcher(cfg, {})
+    check_launcher(load_config([REPO / "configs/demo.yaml"], [*extra, "run.backend=local"]), {})
+
+
+def test_dry_run_of_a_ddp_config_without_a_launcher_is_one_line(capsys):
+    # run.backend=auto without a launcher builds on Horovod where it is installed.
+    from gravac.train.cli import main
+
+    pytest.importorskip("horovod.torch")
+    assert main(["--config", str(REPO / "configs/demo.yaml"),
+                 str(REPO / "configs/compression/ddp_powersgd_rank4.yaml"), "--dry-run"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("config error: compression.ddp_powersgd_rank=4")
+    assert err[0].endswith("to dry-run it in one process, --set run.backend=local")
 
 
 def test_torchrun_with_backend_horovod_stops_before_any_run_starts(tmp_path):

@@ -30,7 +30,7 @@ class _HorovodLike(LocalComm):
 
 def test_refused_under_horovod(tmp_path):
     cfg = _load(tmp_path, "compression.front_end=ddp_hook")
-    with pytest.raises(ValueError, match="front_end=ddp_hook: PyTorch DDP runs on "
+    with pytest.raises(ConfigError, match="front_end=.ddp_hook.: PyTorch DDP runs on "
                                          "torch.distributed"):
         build_method(cfg, _HorovodLike())
 

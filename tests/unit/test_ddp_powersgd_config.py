@@ -37,6 +37,6 @@ class _HorovodLike(LocalComm):
 
 def test_refused_under_horovod(tmp_path):
     cfg = _load(tmp_path)
-    with pytest.raises(ValueError, match=r"ddp_powersgd_rank=4: PyTorch DDP's PowerSGD hook "
-                                         r"runs on torch.distributed"):
+    with pytest.raises(ConfigError, match=r"ddp_powersgd_rank=4: PyTorch DDP runs on "
+                                          r"torch.distributed"):
         build_method(cfg, _HorovodLike())

@@ -144,7 +144,7 @@ def _fake_venv(tmp_path: Path, defer_checks: bool = False) -> tuple[Path, Path]:
 
 
 def _run_checks(tmp_path: Path) -> int:
-    """Run the ``train.py --check`` calls that the python of ``_fake_venv(tmp_path,
+    """Run the ``train.py --check LAUNCHER`` calls that the python of ``_fake_venv(tmp_path,
     defer_checks=True)`` recorded, in order, each as ``train.py`` would (its ``main`` with
     those arguments, from that working directory): every one must pass (exit 0) as it
     must for a launcher to go on. Returns how many there were."""
@@ -157,7 +157,9 @@ def _run_checks(tmp_path: Path) -> int:
     recorded = sorted((tmp_path / "checks").iterdir(), key=lambda p: int(p.name))
     for path in recorded:
         cwd, script, *args = path.read_bytes().decode().split("\0")[:-1]
-        assert script == str(REPO / "train.py") and args[-1] == "--check", (script, args)
+        # The check names the launcher that starts the job: its transport's options too.
+        assert script == str(REPO / "train.py") and args[-2:] in (
+            ["--check", "horovodrun"], ["--check", "torchrun"]), (script, args)
         here = os.getcwd()
         out, err = io.StringIO(), io.StringIO()
         try:
