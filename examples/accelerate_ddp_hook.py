@@ -86,9 +86,11 @@ def main(args):
     # prepare shards the loader across ranks and wraps the model in DDP.
     model, opt, loader = accelerator.prepare(model, opt, loader)
     if not isinstance(model, torch.nn.parallel.DistributedDataParallel):
-        raise ValueError(f"accelerator.prepare returned a {type(model).__name__}, not "
-                         "DistributedDataParallel: launch with torchrun --nproc-per-node 2 "
-                         "(or accelerate launch --num_processes 2)")
+        # One line, not a traceback: the fix is how it was started.
+        raise SystemExit(f"accelerate_ddp_hook.py: accelerator.prepare returned a "
+                         f"{type(model).__name__}, not DistributedDataParallel (one process): "
+                         "launch with torchrun --standalone --nproc-per-node 2 (accelerate "
+                         "launch --cpu starts one process here)")
     model.register_comm_hook(state, gravac_hook)
     accelerator.init_trackers("tensorboard")
 

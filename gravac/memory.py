@@ -247,8 +247,19 @@ class ResidualMemory:
     def __len__(self) -> int:
         return len(self._buffers)
 
+    def __iter__(self):
+        """The layer names, as a dict's keys: ``for name in opt.memory: opt.memory[name]``."""
+        return iter(list(self._buffers))
+
     def names(self) -> list[str]:
         return list(self._buffers)
+
+    def keys(self) -> list[str]:
+        return self.names()
+
+    def items(self) -> list[tuple[str, torch.Tensor]]:
+        """(name, residual) pairs; each residual a view, as ``memory[name]`` gives."""
+        return [(name, self[name]) for name in self._buffers]
 
     def reset(self) -> None:
         """Zero every residual (e.g. after the set of ranks changed)."""

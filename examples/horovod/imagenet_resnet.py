@@ -20,7 +20,7 @@ import torch.nn.functional as F
 import torch.utils.data.distributed
 
 import gravac
-from gravac.models import build_model
+from gravac.models import IMAGE_MODELS, build_model
 from common import print_result, synthetic_classes
 
 parser = argparse.ArgumentParser(description="Horovod's ImageNet example with gravac",
@@ -30,7 +30,8 @@ parser.add_argument("--fp16-allreduce", action="store_true")
 parser.add_argument("--batches-per-allreduce", type=int, default=1)
 parser.add_argument("--use-adasum", action="store_true")
 parser.add_argument("--gradient-predivide-factor", type=float, default=1.0)
-parser.add_argument("--model", default="resnet50", help="a gravac.models name")
+parser.add_argument("--model", default="resnet50", choices=IMAGE_MODELS,
+                    help="a gravac.models image classifier (RGB input)")
 parser.add_argument("--batch-size", type=int, default=32)
 parser.add_argument("--val-batch-size", type=int, default=32)
 parser.add_argument("--epochs", type=int, default=90)

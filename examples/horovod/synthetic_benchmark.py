@@ -15,13 +15,14 @@ import torch
 import torch.nn.functional as F
 
 import gravac
-from gravac.models import build_model
+from gravac.models import IMAGE_MODELS, build_model
 from common import print_result
 
 parser = argparse.ArgumentParser(description="Horovod's synthetic benchmark with gravac",
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
 parser.add_argument("--fp16-allreduce", action="store_true")
-parser.add_argument("--model", default="resnet50", help="a gravac.models name")
+parser.add_argument("--model", default="resnet50", choices=IMAGE_MODELS,
+                    help="a gravac.models image classifier (RGB input)")
 parser.add_argument("--batch-size", type=int, default=32)
 parser.add_argument("--image-size", type=int, default=32)
 parser.add_argument("--num-warmup-batches", type=int, default=10)

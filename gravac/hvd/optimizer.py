@@ -87,8 +87,12 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
     if comm is not None and process_set is not None:
         raise ValueError("pass either comm or process_set, not both")
     if op not in _OPS:
-        raise ValueError(f"op={op!r}: gravac.DistributedOptimizer takes hvd.Average or hvd.Sum "
-                         "(Adasum combines whole gradients, not compressed ones)")
+        # Horovod's ops are bare ints (hvd.Adasum is 2): name it as the user wrote it.
+        named = {getattr(hvd, n): f"hvd.{n}" for n in ("Average", "Sum", "Adasum", "Min",
+                                                       "Max", "Product") if hasattr(hvd, n)}
+        shown = named.get(op, repr(op)) if isinstance(op, int) else repr(op)
+        raise ValueError(f"op={shown}: gravac.DistributedOptimizer takes hvd.Average or "
+                         "hvd.Sum (Adasum combines whole gradients, not compressed ones)")
     _check_groups(num_groups, groups)
     if not isinstance(sparse_as_dense, bool):
         raise ValueError(f"sparse_as_dense={sparse_as_dense!r}: must be true or false")

@@ -283,6 +283,9 @@ def deep_merge(base: dict, override: dict) -> dict:
 
 def read_yaml(path: str | Path) -> dict:
     path = Path(path).expanduser()
+    if path.is_dir():
+        raise ConfigError(f"config file {str(path)!r} is a folder; name the YAML files in "
+                          f"it, e.g. {str(path / '*.yaml')!r}")
     if not path.is_file():
         raise ConfigError(f"config file {str(path)!r} not found")
     try:

@@ -132,6 +132,8 @@ def test_errors_name_key_value_and_what_is_allowed(overrides, message):
 def test_missing_and_malformed_files(tmp_path):
     with pytest.raises(ConfigError, match="not found"):
         load_config([tmp_path / "nope.yaml"])
+    with pytest.raises(ConfigError, match="is a folder; name the YAML files in it"):
+        load_config([tmp_path])
     bad = _write(tmp_path, "bad.yaml", "run: [1, 2\n")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_config([bad])

@@ -87,7 +87,7 @@ def test_horovods_own_optimizer_refuses_gravacs_compression_in_one_line():
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(op=hvd.Adasum), "takes hvd.Average or hvd.Sum"),
+    (dict(op=hvd.Adasum), r"op=hvd.Adasum: gravac.DistributedOptimizer takes hvd.Average or hvd.Sum"),
     (dict(compression="topk"), "pass compressor='topk'"),
     (dict(compression=object()), "use hvd.Compression.none or .fp16"),
     (dict(compression=Compression.topk(), controller=Static(cf=5)), "drop controller="),

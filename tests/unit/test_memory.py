@@ -159,3 +159,11 @@ def test_clear_all_zeroes_every_residual_but_a_held_one_and_rolls_back():
     assert all(torch.equal(memory[n], before[n]) for n in "abc")
     with pytest.raises(KeyError, match="clear_all"):
         memory.clear_all(["never"])
+
+
+def test_memory_iterates_like_a_mapping_of_residuals():
+    mem = ResidualMemory()
+    for name, n in (("a", 3), ("b", 2)):
+        mem.update(name, mem.compensate(name, torch.full((n,), 2.0)), torch.ones(n))
+    assert list(mem) == mem.keys() == mem.names() == ["a", "b"]
+    assert [(n, r.tolist()) for n, r in mem.items()] == [("a", [1.0] * 3), ("b", [1.0] * 2)]
