@@ -23,10 +23,11 @@ later files and --set override earlier ones key by key. Examples:
   torchrun --standalone --nproc-per-node 2 train.py --config configs/demo.yaml
   python train.py --config configs/models/resnet101_cifar10.yaml \\
       configs/compression/gravac_exp_dgc_eps07.yaml --set data.root=~/data --dry-run
-  horovodrun -np 2 -H localhost:2 --gloo python train.py --config configs/demo.yaml \
-      --set run.steps=2000 --resume        # as many ranks as the run had
+  horovodrun -np 2 -H localhost:2 --gloo python train.py --config configs/demo.yaml \\
+      --set run.steps=2000 --resume
 
-The transport is the launcher's (run.backend: auto), or set run.backend=horovod|torch|local.
+--resume continues with as many ranks as the run had. The transport is the launcher's
+(run.backend: auto), or set run.backend=horovod|torch|local.
 Every key, its type, its default and its meaning: docs/CONFIG.md.
 """
 
