@@ -417,7 +417,8 @@ def _load(*overrides, files=("configs/demo.yaml",)):
 @pytest.mark.parametrize("overrides,message", [
     (["compression.controller=static", "compression.compressor=powersgd",
       "compression.compressor_options={sample_fraction: 0.1}"],
-     "compression.compressor='powersgd': unknown option"),
+     "compression.compressor_options={'sample_fraction': 0.1} (compressor powersgd): "
+     "unknown option"),
     (["compression.controller=static", "compression.compressor=topk", "compression.rank=4"],
      "compression.rank=4: PowerSGD ranks need compression.compressor=powersgd"),
     (["compression.controller=gravac", "compression.compressor=powersgd", "compression.rank=4"],
