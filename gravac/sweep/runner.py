@@ -22,12 +22,14 @@ from .spec import (REPO, RunSpec, Sweep, check_key, expand, load_sweep,
 
 
 def resolve_configs(runs: Sequence[RunSpec], sweep_dir: Path, extra: Sequence[tuple[str, Any]],
-                    repo: Path = REPO) -> tuple[dict[str, Any], list[str]]:
-    """Load every run's config in this process (fast, no model built).
+                    repo: Path = REPO, launcher: str | None = None
+                    ) -> tuple[dict[str, Any], list[str]]:
+    """Load every run's config in this process (fast, no model built), and check it against
+    ``launcher`` (``"horovodrun"``, ``"torchrun"``; None: not) as train.py will under it.
 
     Returns (run name -> resolved ``Config``, ["run NAME: config error: ..." for bad runs]).
     """
-    from gravac.train.config import ConfigError, load_config
+    from gravac.train.config import ConfigError, check_launcher, load_config
 
     configs, errors = {}, []
     for run in runs:
@@ -35,7 +37,9 @@ def resolve_configs(runs: Sequence[RunSpec], sweep_dir: Path, extra: Sequence[tu
         args = run.train_args(sweep_dir, extra)
         sets = [args[i + 1] for i, a in enumerate(args) if a == "--set"]
         try:
-            configs[run.name] = load_config(files, sets)
+            cfg = load_config(files, sets)
+            check_launcher(cfg, environ={}, launcher=launcher)
+            configs[run.name] = cfg
         except ConfigError as exc:
             errors.append(f"run {run.name}: config error: {exc}")
     return configs, errors
@@ -67,20 +71,24 @@ def occupied(run_dir: Path) -> bool:
 
 def validate(runs: Sequence[RunSpec], sweep_dir: Path, extra: Sequence[tuple[str, Any]],
              check: Callable[[list[str]], str | None] = dry_run_check,
-             existing_is_error: bool = True, resuming: bool = False
-             ) -> tuple[dict[str, Any], list[str]]:
-    """Resolve every run, then check it with ``check`` (``train.py --dry-run``).
+             existing_is_error: bool = True, resuming: bool = False,
+             launcher: str | None = None) -> tuple[dict[str, Any], list[str]]:
+    """Resolve every run (against ``launcher``), then check it with ``check``
+    (``train.py --dry-run``).
 
     Returns (run name -> resolved config, error lines naming the run). A run directory that
     already holds a run is an error unless the run sets ``run.overwrite`` (or, with
     ``existing_is_error=False`` as in a dry run, a printed warning).
     """
-    configs, errors = resolve_configs(runs, sweep_dir, extra)
+    configs, errors = resolve_configs(runs, sweep_dir, extra, launcher=launcher)
+    # Without a launcher a dry run builds on Horovod where it is installed, which refuses
+    # PyTorch DDP's options; a torchrun sweep's runs are dry-run in one process instead.
+    one_process = ["--set", "run.backend=local"] if launcher == "torchrun" else []
     for k, run in enumerate(runs, 1):
         if run.name not in configs:
             continue
         print(f"  [{k}/{len(runs)}] train.py --dry-run {run.name} ...", end="", flush=True)
-        problem = check(run.train_args(sweep_dir, extra))
+        problem = check(run.train_args(sweep_dir, extra) + one_process)
         print(" ok" if problem is None else " INVALID", flush=True)
         if problem is not None:
             errors.append(f"run {run.name}: {problem}")
@@ -410,7 +418,8 @@ def main(argv: Sequence[str] | None = None,
 
     print(f"validating {len(runs)} runs of sweep {sweep.name} (resolve + train.py --dry-run)")
     configs, errors = validate(runs, sweep_dir, extra, check,
-                               existing_is_error=not args.dry_run, resuming=args.resume)
+                               existing_is_error=not args.dry_run, resuming=args.resume,
+                               launcher=args.launcher)
     controllers = {name: cfg.compression.controller for name, cfg in configs.items()}
     baselines = pick_baselines(sweep, runs, controllers)
     print(describe(sweep, runs, sweep_dir, extra, baselines))

@@ -77,6 +77,27 @@ def test_overrides_resolve_to_the_config_train_py_would_use(tmp_path):
     assert configs["t-dense-lr_0.05"].compression.controller == "dense"
 
 
+def test_runs_are_validated_against_the_sweeps_launcher(tmp_path, capsys):
+    # DDP's PowerSGD hook: refused before a horovodrun sweep starts, naming the run; under
+    # torchrun accepted, and its dry run is one process on the local transport (a dry run
+    # without a launcher would build on Horovod, which refuses it).
+    ddp = {"compression": [{"files": ["configs/compression/ddp_powersgd_rank4.yaml"]}]}
+    runs = sws.expand(sws.parse_sweep(sweep_dict(grid=ddp)))
+    checked = []
+
+    def check(args):
+        checked.append(args)
+        return None
+    _, errors = swx.validate(runs, tmp_path, [], check, launcher="horovodrun")
+    assert len(errors) == 1 and not checked
+    assert errors[0].startswith("run t-ddp_powersgd_rank4: config error: "
+                                "compression.ddp_powersgd_rank=4: PyTorch DDP runs on")
+    configs, errors = swx.validate(runs, tmp_path, [], check, launcher="torchrun")
+    assert errors == [] and list(configs) == ["t-ddp_powersgd_rank4"]
+    assert checked[0][-2:] == ["--set", "run.backend=local"]
+    assert swx.dry_run_check(checked[0]) is None          # the real dry run passes
+
+
 @pytest.mark.parametrize("value", [0.05, 1, True, None, "topk", "1e-4", "true", "a b: c",
                                    "/data/x", [1, 2], {"same_across_ranks": True}])
 def test_values_survive_the_set_command_line(value):
