@@ -233,6 +233,14 @@ class DistributedOptimizerMixin:
             self._context = (self._gravac_step, decayed)
         return self._context
 
+    def _reshare(self) -> None:
+        """Take rank 0's step count, controller and PowerSGD's Q again at the next step
+        (``_share_rank0_state``). For the broadcasts of the optimizer state, which every
+        rank calls: rank 0 may have loaded a state alone, and ranks whose step clocks or
+        controllers differ issue different collectives (a hang under Horovod, a collective
+        mismatch under Gloo, seen when rank 0 reloaded a checkpoint mid-run)."""
+        self._shared = False
+
     def _share_rank0_state(self) -> None:
         """Rank 0's step count, controller and PowerSGD's Q on every rank (collective, at
         the first step): what the ranks must share to issue the same collectives. A state
@@ -340,6 +348,10 @@ class DistributedOptimizerMixin:
     # -- state ----------------------------------------------------------------------------
     def state_dict(self):
         """The wrapped optimizer's state plus this rank's residuals and the controller."""
+        if _in_horovod_call("broadcast_optimizer_state"):
+            # Every rank reads its state first there, after rank 0 may have loaded one
+            # alone, mid-run too: rank 0's step, controller and Q are taken again.
+            self._reshare()
         state = super().state_dict()
         state[STATE_KEY] = {"format": STATE_FORMAT, "step": self._gravac_step,
                             **self._engine.state_dict()}
@@ -366,13 +378,18 @@ class DistributedOptimizerMixin:
 
 def _horovod_initialising_state() -> bool:
     """Whether ``step()`` was called by Horovod's ``broadcast_optimizer_state`` (to create
-    an empty state). Horovod tells its own optimizer by its module, which gravac's is not;
-    a few frames up covers torch's wrappers around ``step``."""
+    an empty state). Horovod tells its own optimizer by its module, which gravac's is not."""
+    return _in_horovod_call("broadcast_optimizer_state")
+
+
+def _in_horovod_call(function: str) -> bool:
+    """Whether Horovod's ``function`` is among the few callers of the caller (a few frames
+    up covers torch's wrappers around ``step``)."""
     frame = sys._getframe(2)
-    for _ in range(6):
+    for _ in range(7):
         if frame is None:
             return False
-        if frame.f_code.co_name == "broadcast_optimizer_state" and \
+        if frame.f_code.co_name == function and \
                 frame.f_globals.get("__name__", "").startswith("horovod."):
             return True
         frame = frame.f_back
@@ -443,8 +460,9 @@ def wrap_optimizer(optimizer, named_parameters, comm: Comm, compressor="topk", c
 
 def broadcast_optimizer_state(optimizer, comm: Comm, root: int = 0) -> None:
     """Give every rank ``root``'s optimizer state (momentum, ...) over any ``Comm``, as
-    Horovod's ``broadcast_optimizer_state``. gravac's per-rank state (residuals, the
-    controller) is not sent: each rank keeps its own.
+    Horovod's ``broadcast_optimizer_state``. Residuals stay each rank's own; the step
+    count, the controller and PowerSGD's Q, which decide the collectives, are rank 0's on
+    every rank from the next step (as after Horovod's broadcast).
 
     Example::
 
@@ -461,6 +479,8 @@ def broadcast_optimizer_state(optimizer, comm: Comm, root: int = 0) -> None:
         if STATE_KEY in mine:
             shared[STATE_KEY] = mine[STATE_KEY]
         optimizer.load_state_dict(shared)
+    if isinstance(optimizer, DistributedOptimizerMixin):
+        optimizer._reshare()
 
 
 def _to_cpu(obj):

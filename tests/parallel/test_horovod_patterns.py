@@ -3,7 +3,7 @@ transports: none may hang or leave the ranks training different models.
 
 - ``hvd.broadcast_optimizer_state`` after rank 0 alone loaded a checkpoint (Horovod's
   ``pytorch_imagenet_resnet50.py``): Horovod initialises the empty state with a local
-  ``step()`` on the other ranks only;
+  ``step()`` on the other ranks only; and rank 0 alone going back to a checkpoint mid-run;
 - AMP's ``GradScaler`` when one rank overflows: plain ``scaler.step(opt)``, and Horovod's
   advice ``synchronize(); scaler.unscale_(opt); with skip_synchronize(): scaler.step(opt)``;
   a run whose first steps all overflow (the scaler lowers its scale) trains on;
@@ -140,6 +140,51 @@ def test_horovod_broadcast_optimizer_state_after_rank0_alone_loaded_a_checkpoint
     assert torch.equal(both[0], both[1])
     assert _spread_is_zero(model, "bcast.params")
     barrier("bcast.done")
+
+
+@pytest.mark.parametrize("broadcast", ["horovod", "gravac"])
+@pytest.mark.parametrize("controller", [lambda: Static(cf=10),
+                                        lambda: GraVAC(theta_min=4, theta_max=64, window=3,
+                                                       epsilon=0.3)], ids=["static", "gravac"])
+def test_rank0_alone_reloads_a_checkpoint_mid_run_then_broadcasts(broadcast, controller):
+    """Rank 0 alone goes back to step 2's checkpoint at step 6, then every rank broadcasts
+    (hung under Horovod, a collective mismatch under Gloo: the ranks' step clocks and
+    GraVAC's windows differed). After the broadcast the step count and the controller are
+    rank 0's on every rank; residuals stay each rank's own."""
+    import copy
+
+    if broadcast == "horovod" and BACKEND != "horovod":
+        pytest.skip("hvd.broadcast_optimizer_state is Horovod's")
+    from gravac.engine.optimizer import broadcast_optimizer_state
+
+    model = make_net(0)
+    opt = distributed_optimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+                                model.named_parameters(), controller=controller())
+
+    def train(steps):
+        for step in steps:
+            opt.zero_grad()
+            x, y = rank_batch(step, COMM.rank)
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+    train(range(2))
+    checkpoint = copy.deepcopy({"model": model.state_dict(), "opt": opt.state_dict()})
+    train(range(2, 6))
+    if COMM.rank == 0:
+        model.load_state_dict(checkpoint["model"])
+        opt.load_state_dict(checkpoint["opt"])
+    COMM.broadcast_parameters(model.state_dict())
+    if broadcast == "horovod":
+        import horovod.torch as hvd
+        hvd.broadcast_optimizer_state(opt, root_rank=0)
+    else:
+        broadcast_optimizer_state(opt, COMM)
+    train(range(6, 12))
+    assert opt.step_count == 8                     # rank 0's 2, then 6 more, on every rank
+    described = COMM.allgather_object(opt.controller.describe(), name=f"reload.{broadcast}")
+    assert described[0] == described[1]
+    assert _spread_is_zero(model, f"reload.params.{broadcast}")
+    barrier(f"reload.done.{broadcast}")
 
 
 @pytest.mark.skipif(BACKEND != "horovod", reason="Horovod's own optimizer is the reference")
