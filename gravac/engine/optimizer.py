@@ -449,6 +449,9 @@ def wrap_optimizer(optimizer, named_parameters, comm: Comm, compressor="topk", c
     when the launcher's numbering (``comm.node``) is not the layout wanted."""
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise ValueError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+    if isinstance(optimizer, DistributedOptimizerMixin):
+        raise ValueError("optimizer is already a gravac DistributedOptimizer: wrap the torch "
+                         "optimizer once")
     if not isinstance(comm, Comm):
         raise ValueError(f"comm must be a gravac.comm.Comm (e.g. gravac.comm.init('auto')), "
                          f"got {type(comm).__name__}")

@@ -35,7 +35,9 @@ Example::
 """
 from __future__ import annotations
 
+import gc
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -162,6 +164,8 @@ class StepEngine:
         if options.overlap:
             self.buckets = build_buckets(layers, int(options.bucket_cap_mb * 2**20))
             self.hooks = BackwardHooks(layers, self._on_ready, options.backward_passes_per_step)
+        for component, what in ((controller, "controller"), (compressor, "compressor")):
+            _claim(component, self, what)
         self.controller.bind(self.compressed_layer_names, comm)
         self.controller.observe_layers(
             {l.name: tuple(l.param.shape) for l in layers if l.compressible},
@@ -817,6 +821,17 @@ class StepEngine:
         # per-layer tensors of the controller and the compressor (Accordion's
         # accumulators, PowerSGD's Q): each moves to its parameter's device now.
         like = {l.name: l.param for l in self.layers}
+        # Before anything is loaded: residuals of names this engine lacks (a checkpoint of
+        # an optimizer built with other names: named_parameters given or not, a "module."
+        # prefix) were kept as dead entries and the resume was silently not exact.
+        unknown = sorted(set(state["memory"].get("residuals", {})) - set(like))
+        if unknown:
+            raise ValueError(f"the state holds residuals of {len(unknown)} parameter name(s) "
+                             f"this optimizer does not have ({', '.join(map(repr, unknown[:3]))}"
+                             f"{', ...' if len(unknown) > 3 else ''}; its own: "
+                             f"{', '.join(map(repr, list(like)[:3]))}, ...): it was saved with "
+                             "other parameter names; build the optimizer with the "
+                             "named_parameters it was saved with")
         self.memory.load_state_dict(state["memory"], like=like)
         self.controller.load_state_dict(follow_devices(state["controller"], like))
         self.compressor.load_state_dict(follow_devices(state.get("compressor", {}), like))
@@ -834,3 +849,29 @@ def densify_grad(layer: Layer) -> None:
         layer.param.grad = torch.zeros_like(layer.param)
     elif grad.is_sparse:
         layer.param.grad = grad.to_dense()
+
+
+#: id(controller or compressor) -> (it, the engine it serves), both held weakly.
+_OWNERS: dict[int, tuple[weakref.ref, weakref.ref]] = {}
+
+
+def _claim(component, engine: StepEngine, what: str) -> None:
+    """``component`` (a controller or a compressor) serves ``engine`` alone: it holds one
+    training's state (GraVAC's windows, Accordion's per-layer norms, PowerSGD's Q), and a
+    second optimizer or DDP hook given the same instance mixed two models' measurements
+    (GraVAC's windows ended twice as often) or failed on one rank only (Accordion on
+    models of other shapes, then a hang). Refused, in one line, before any collective."""
+    def other_owner() -> bool:
+        for key in [k for k, (it, owner) in _OWNERS.items() if it() is None or owner() is None]:
+            del _OWNERS[key]
+        held = _OWNERS.get(id(component))
+        return held is not None and held[0]() is component and held[1]() is not engine
+    # An optimizer dropped by the user (``opt = ...`` again) may still wait for the cycle
+    # collector: collected before it counts as another owner.
+    if other_owner():
+        gc.collect()
+    if other_owner():
+        raise ValueError(f"this {what} ({component!r}) already serves another gravac "
+                         f"optimizer or DDP hook: give each its own, e.g. a new "
+                         f"{type(component).__name__}(...) per optimizer")
+    _OWNERS[id(component)] = (weakref.ref(component), weakref.ref(engine))

@@ -200,3 +200,50 @@ def test_resume_moves_residuals_to_the_parameters_dtype_on_the_local_transport()
     wide(torch.randn(4, 64, dtype=torch.float64)).sum().backward()
     opt64.step()                              # error feedback runs in float64
     assert opt64.memory["0.weight"].dtype == torch.float64
+
+
+def test_a_controller_or_compressor_serves_one_optimizer_and_wrapping_twice_is_refused():
+    from gravac import compressors
+    from gravac.comm import LocalComm
+    from gravac.controllers import GraVAC
+    from gravac.engine import wrap_optimizer
+
+    def wrap(model, **kwargs):
+        return wrap_optimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                              model.named_parameters(), LocalComm(), **kwargs)
+    shared = GraVAC(window=3)
+    first = wrap(_model(), controller=shared)
+    # Before: accepted, and the two optimizers' steps ended GraVAC's windows in turn.
+    with pytest.raises(ValueError, match=r"this controller \(.*\) already serves another "
+                                         r"gravac optimizer or DDP hook: give each its own"):
+        wrap(_model(), controller=shared)
+    powersgd = compressors.get("powersgd")
+    low_rank = wrap(_model(), compressor=powersgd, controller=Static(rank=2))
+    with pytest.raises(ValueError, match="this compressor .* already serves another"):
+        wrap(_model(), compressor=powersgd, controller=Static(rank=2))
+    with pytest.raises(ValueError, match="optimizer is already a gravac DistributedOptimizer"):
+        wrap_optimizer(first, _model().named_parameters(), LocalComm())
+    # Its optimizer dropped (still in a reference cycle until collected): free to serve.
+    del first, low_rank
+    wrap(_model(), controller=shared)
+
+
+def test_resuming_with_other_parameter_names_is_refused_before_anything_is_loaded():
+    from gravac.comm import LocalComm
+    from gravac.engine import wrap_optimizer
+
+    model = _model()
+    opt = wrap_optimizer(torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(),
+                         LocalComm(), controller=Static(cf=10))
+    _backward(model, 0)
+    opt.step()
+    state = opt.state_dict()
+    other = _model()
+    unnamed = wrap_optimizer(torch.optim.SGD(other.parameters(), lr=0.1), None, LocalComm(),
+                             controller=Static(cf=10))
+    before = {n: unnamed.memory[n].clone() for n in unnamed.memory}
+    # Before: loaded as dead entries (and written into every later checkpoint).
+    with pytest.raises(ValueError, match=r"the state holds residuals of 1 parameter name\(s\) "
+                                         r"this optimizer does not have \('0.weight'"):
+        unnamed.load_state_dict(state)
+    assert {n: unnamed.memory[n] for n in unnamed.memory}.keys() == before.keys()
