@@ -85,7 +85,8 @@ class GravacHookState:
     After each step: ``last_stats`` (a ``gravac.engine.StepStats``), ``step_count``,
     ``scalars()`` for a logger. ``state_dict()`` / ``load_state_dict()`` carry the residuals,
     the controller and the step count (per rank, as the optimizer's); the state also
-    pickles (without its process group and engine, rebuilt on first use).
+    pickles (without its process group and engine, rebuilt on first use) with the model
+    and optimizer it watches: for another model, a new state and ``load_state_dict``.
     """
 
     def __init__(self, model: torch.nn.Module, compressor="topk", controller=None,
