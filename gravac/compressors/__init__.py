@@ -55,7 +55,27 @@ def get(name: str | Compressor, **options) -> Compressor:
     if unknown:
         raise ValueError(f"unknown option(s) {unknown} for compressor {name!r}; "
                          f"allowed: {allowed or 'none'}")
+    _check_option_types(cls, options)
     return cls(**options)
+
+
+def _check_option_types(cls, options: dict) -> None:
+    """Each option of the kind its default is (a bool, a whole number, a number), named in
+    one line: a string where a number goes failed deep in the compressor's own checks
+    ("'<' not supported between ...")."""
+    defaults = inspect.signature(cls.__init__).parameters
+    for option, value in options.items():
+        default = defaults[option].default
+        if isinstance(default, bool):
+            ok, kind = isinstance(value, bool), "true or false"
+        elif isinstance(default, int):
+            ok, kind = isinstance(value, int) and not isinstance(value, bool), "a whole number"
+        elif isinstance(default, float):
+            ok, kind = isinstance(value, (int, float)) and not isinstance(value, bool), "a number"
+        else:
+            continue
+        if not ok:
+            raise ValueError(f"{cls.name}: option {option}={value!r} must be {kind}")
 
 
 __all__ = ["Compressor", "SelectContext", "num_kept", "get", "REGISTRY",

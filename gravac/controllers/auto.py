@@ -228,6 +228,9 @@ class Auto(Controller):
                  switch_margin: float = SWITCH_MARGIN, decide: str = DECIDE):
         def bad(name, value, allowed):
             return ValueError(f"Auto({name}={value!r}): {allowed}")
+        if isinstance(methods, str):     # list("dense") would be five one-letter methods
+            raise bad("methods", methods, "must be a list of methods, e.g. "
+                      "['dense', 'fp16', 'powersgd:4', 'sparse:40']")
         texts = list(DEFAULT_METHODS if methods is None else methods)
         parsed = []
         for text in texts:

@@ -457,8 +457,9 @@ def _key(cf: float) -> float:
 
 
 def _check_number(name, value, allowed, ok):
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) \
-            or not ok(value):
+    # Finite too: an infinite theta_max overflowed the ladder (OverflowError, not a line).
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+            not math.isfinite(value) or not ok(value):
         raise ValueError(f"GraVAC({name}={value!r}): {name} must be {allowed}")
 
 

@@ -17,6 +17,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import math
 import textwrap
 import typing
 from dataclasses import dataclass, field
@@ -108,8 +109,9 @@ class GravacOptions:
                  "must be a number > 0 (MiB of gradient per overlapped bucket)")
         _require(self.backward_passes_per_step >= 1, "backward_passes_per_step",
                  self.backward_passes_per_step, "must be an int >= 1")
-        _require(self.gradient_predivide_factor > 0, "gradient_predivide_factor",
-                 self.gradient_predivide_factor, "must be a number > 0")
+        _require(math.isfinite(self.gradient_predivide_factor)
+                 and self.gradient_predivide_factor > 0, "gradient_predivide_factor",
+                 self.gradient_predivide_factor, "must be a finite number > 0")
         _require(self.op == "average" or self.gradient_predivide_factor == 1.0,
                  "gradient_predivide_factor", self.gradient_predivide_factor,
                  "takes op='average' only (as in Horovod); leave it at 1.0 with op='sum'")

@@ -99,6 +99,13 @@ class GravacHookState:
         if not isinstance(model, torch.nn.Module):
             raise ValueError(f"model must be the torch.nn.Module that DDP wraps (or the DDP "
                              f"model), got {type(model).__name__}")
+        # Checked now: a wrong one failed deep in the first backward.
+        if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+            raise ValueError(f"optimizer must be the torch.optim.Optimizer that steps the "
+                             f"model (or None), got {type(optimizer).__name__}")
+        if process_group is not None and not isinstance(process_group, dist.ProcessGroup):
+            raise ValueError(f"process_group must be a torch.distributed ProcessGroup (or "
+                             f"None: the default group), got {type(process_group).__name__}")
         # The user's choices, checked now (before any process starts training).
         self.options = make_options(options).check()
         self.compressor_name, self.compressor_options = compressor, dict(compressor_options or {})
@@ -269,6 +276,10 @@ class GravacHookState:
 
     def load_state_dict(self, state: dict) -> None:
         """Resume: before the first backward (applied when the engine is built) or after."""
+        if STATE_KEY in state and "format" not in state:
+            raise ValueError(f"this is an optimizer's state dict (optimizer_with_hook_state): "
+                             f"the hook's state is its {STATE_KEY!r} entry, or load the whole "
+                             "of it into that optimizer")
         if state.get("format") != STATE_FORMAT:
             raise ValueError(f"gravac hook state has format {state.get('format')!r}; this "
                              f"version reads format {STATE_FORMAT}")

@@ -323,6 +323,17 @@ def test_options_ddp_owns_are_refused_in_one_line():
         GravacHookState(make_net(0), overlap=True)
     with pytest.raises(ValueError, match="exchange='ring'"):
         GravacHookState(make_net(0), exchange="ring")
+    # Checked when built (before: accepted, then an AttributeError deep in the first backward).
+    model = make_net(0)
+    with pytest.raises(ValueError, match="optimizer must be the torch.optim.Optimizer that "
+                                         "steps the model \\(or None\\), got Net"):
+        GravacHookState(model, optimizer=model)
+    with pytest.raises(ValueError, match="process_group must be a torch.distributed "
+                                         "ProcessGroup \\(or None: the default group\\), got str"):
+        GravacHookState(model, process_group="world")
+    # An optimizer's whole state dict names where the hook's state is.
+    with pytest.raises(ValueError, match="this is an optimizer's state dict"):
+        GravacHookState(model).load_state_dict({"state": {}, "param_groups": [], "gravac": {}})
 
 
 def test_a_state_built_on_another_model_is_refused_at_the_first_backward():

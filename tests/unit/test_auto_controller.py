@@ -73,6 +73,7 @@ def test_a_sparse_method_picks_its_exchange_by_the_world():
     ({"methods": ["fp16", "sparse:10"]}, "must include 'dense'"),
     ({"methods": ["dense", "dense"]}, "twice"),
     ({"methods": ["dense", "ring"]}, "kind must be one of"),
+    ({"methods": "dense"}, r"Auto\(methods='dense'\): must be a list of methods"),
     ({"epsilon": 0}, r"epsilon=0\)"), ({"trial_steps": 0}, "trial_steps"),
     ({"settle_steps": -1}, "settle_steps"), ({"recheck_every": 1.5}, "recheck_every"),
     ({"tolerance": -0.1}, "tolerance"), ({"alpha": 2}, "alpha"),

@@ -147,6 +147,14 @@ def test_registry_errors():
         compressors.get("dgc", ratio=0.1)
     with pytest.raises(ValueError, match="sample_fraction"):
         compressors.get("dgc", sample_fraction=0)
+    # An option of the wrong kind is named (before: "'<' not supported between ...").
+    with pytest.raises(ValueError, match=r"dgc: option sample_fraction='x' must be a number"):
+        compressors.get("dgc", sample_fraction="x")
+    with pytest.raises(ValueError, match=r"randomk: option seed='a' must be a whole number"):
+        compressors.get("randomk", seed="a")
+    with pytest.raises(ValueError, match=r"randomk: option same_across_ranks=1 must be true"):
+        compressors.get("randomk", same_across_ranks=1)
+    assert compressors.get("topk", sample_fraction=1).sample_fraction == 1
     comp = compressors.get("topk")
     assert compressors.get(comp) is comp
 

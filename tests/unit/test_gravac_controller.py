@@ -289,6 +289,7 @@ def test_resume_from_state_dict_makes_the_same_decisions():
     ({"window": 2.5}, "window must be an int >= 1"),
     ({"theta_min": 10, "theta_max": 5}, r"theta_max must be a number >= theta_min \(10\)"),
     ({"theta_min": 0.5}, "theta_min must be a number >= 1"),
+    ({"theta_max": float("inf")}, r"theta_max=inf\): theta_max must be a number"),
     ({"policy": "linear"}, "policy must be one of exponential, geometric"),
     ({"alpha": 0}, r"alpha must be in \(0, 1\]"),
     ({"gain_measure": "l1"}, "gain_measure must be one of energy, norm"),

@@ -93,7 +93,9 @@ def test_horovods_own_optimizer_refuses_gravacs_compression_in_one_line():
     (dict(compression=Compression.topk(), controller=Static(cf=5)), "drop controller="),
     (dict(compression=hvd.Compression.fp16, dense_wire="native"), "disagree"),
     (dict(op=hvd.Sum, gradient_predivide_factor=2.0), "takes op='average' only"),
-    (dict(gradient_predivide_factor=0), "must be a number > 0"),
+    (dict(gradient_predivide_factor=0), "must be a finite number > 0"),
+    (dict(gradient_predivide_factor=float("inf")), "gradient_predivide_factor=inf: must be a "
+                                                   "finite number > 0"),
     (dict(num_groups=-1), "num_groups=-1"),
     (dict(groups="all"), "groups='all'"),
     (dict(sparse_as_dense="yes"), "sparse_as_dense='yes'"),
