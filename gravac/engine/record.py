@@ -101,9 +101,11 @@ class StepStats:
         return dataclasses.asdict(self)
 
     @classmethod
-    def dense(cls, step: int, numel: int) -> "StepStats":
-        """A plain dense allreduce step (a baseline optimizer without gravac's record)."""
-        return cls(step=step, sent=SENT_DENSE, cf=1.0, floats_sent=numel, dense_floats=numel)
+    def dense(cls, step: int, numel: int, bytes_sent: int = 0) -> "StepStats":
+        """A plain dense allreduce step (a baseline optimizer without gravac's record) of
+        ``numel`` values, ``bytes_sent`` on the wire."""
+        return cls(step=step, sent=SENT_DENSE, cf=1.0, floats_sent=numel, dense_floats=numel,
+                   bytes_sent=bytes_sent)
 
 
 #: The StepStats fields a metrics "step" line carries (the other step fields are the

@@ -31,6 +31,7 @@ import os
 import torch
 
 from ..comm import Comm
+from ..controllers import SENT_MIN
 from ..engine import StepStats, wrap_optimizer
 from .config import Config, build_controller, engine_options, refuse_ddp_only
 
@@ -118,8 +119,10 @@ class Method(abc.ABC):
 
     def step_stats(self, opt, step: int, dense_numel: int) -> StepStats:
         """The step record of the step just taken (0-based ``step``): a plain dense
-        allreduce of ``dense_numel`` elements for the baselines."""
-        return StepStats.dense(step, dense_numel)
+        allreduce of ``dense_numel`` elements for the baselines, at the wire's width (2
+        bytes a value under fp16; before, the baselines logged 0 bytes)."""
+        width = 2 if dense_fp16(self.cfg) else _value_bytes(opt)
+        return StepStats.dense(step, dense_numel, bytes_sent=width * dense_numel)
 
     def controller(self, opt):
         """The controller that plans what is sent (window decisions, epoch ends), or None."""
@@ -176,6 +179,21 @@ class TorchDDP(Method):
         if grad_clip is not None:
             torch.nn.utils.clip_grad_norm_(parameters, grad_clip)
         opt.step()
+
+    def step_stats(self, opt, step, dense_numel):
+        """Dense (the plain hook, fp16, or PowerSGD's first ``ddp_start_powersgd_iter``
+        steps), else what DDP's PowerSGD hook sends, which it does not report: its P and Q
+        factors for each gradient it compresses, the rest whole (PyTorch's own rule:
+        ``_should_compress`` at its ``min_compression_rate`` of 2, each gradient viewed as
+        (shape[0], -1)). Before, every step of it logged as dense."""
+        c = self.cfg.compression
+        if c.ddp_powersgd_rank is None or step < c.ddp_start_powersgd_iter:
+            return super().step_stats(opt, step, dense_numel)
+        floats = sum(_powersgd_hook_values(p.shape, c.ddp_powersgd_rank)
+                     for p in _trained(opt))
+        return StepStats(step=step, sent=SENT_MIN, cf=dense_numel / floats,
+                         floats_sent=floats, dense_floats=dense_numel,
+                         bytes_sent=_value_bytes(opt) * floats)
 
 
 class Gravac(Method):
@@ -297,3 +315,31 @@ def build_method(cfg: Config, comm: Comm) -> Method:
 
 #: What a user would run without gravac, by transport (others: gravac's dense path).
 _DENSE_BASELINES = {"horovod": HorovodAllreduce, "torch": TorchDDP}
+
+
+def _trained(opt) -> list[torch.Tensor]:
+    """The parameters ``opt`` steps that take a gradient (what DDP's buckets hold)."""
+    return [p for g in opt.param_groups for p in g["params"] if p.requires_grad]
+
+
+def _value_bytes(opt) -> int:
+    """Bytes of one gradient value of ``opt``'s parameters (4 for fp32)."""
+    params = _trained(opt)
+    return params[0].element_size() if params else 4
+
+
+def _powersgd_hook_values(shape, rank: int, min_compression_rate: int = 2) -> int:
+    """Values DDP's PowerSGD hook sends for one gradient of ``shape`` after its start:
+    P (n x r) and Q (m x r) of its (shape[0], -1) view where that is at least
+    ``min_compression_rate`` times smaller (the hook's ``_should_compress``), else the
+    gradient whole.
+
+    >>> _powersgd_hook_values((96, 32), 4), _powersgd_hook_values((10,), 4)
+    (512, 10)
+    """
+    n = shape[0] if len(shape) else 1
+    m = 1
+    for size in shape[1:]:
+        m *= size
+    r = min(n, m, rank)
+    return (n + m) * r if (n + m) * r * min_compression_rate < n * m else n * m

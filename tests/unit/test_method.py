@@ -54,10 +54,12 @@ def test_the_baselines_describe_and_start_lines(tmp_path):
     method = build_method(cfg, _Torch())
     assert method.describe(None) == "dense PyTorch DDP (hook: PowerSGD rank 4 from step 30)"
     assert method.start_fields()["compressor"] == "ddp_powersgd_rank4"
-    # the baselines have no controller and report a dense allreduce of every element
-    stats = method.step_stats(None, 4, 1000)
-    assert (stats.step, stats.sent, stats.floats_sent, stats.dense_floats) == \
-        (4, "dense", 1000, 1000)
+    # the baselines have no controller; before its start DDP's PowerSGD hook allreduces
+    # every element (after it, its factors: test_ddp_powersgd_config.py)
+    sgd = torch.optim.SGD(torch.nn.Linear(10, 100).parameters(), lr=0.1)
+    stats = method.step_stats(sgd, 4, 1000)
+    assert (stats.step, stats.sent, stats.floats_sent, stats.dense_floats, stats.bytes_sent) == \
+        (4, "dense", 1000, 1000, 4000)
     assert method.controller(None) is None
 
 
