@@ -177,19 +177,24 @@ def has_checkpoint(run_dir) -> bool:
 
 
 def _read(folder: Path, rank: int, world_size: int):
-    """(common, rank_state) or the reason they cannot be used."""
+    """(common, rank_state) or the reason they cannot be used. The world size is common.pt's
+    where it says one (a folder scanned without latest.json shows only the rank files that
+    were written: a save cut short on one rank looked like a smaller job's)."""
     rank_file = folder / f"rank_{rank:05d}.pt"
-    if rank < world_size and not rank_file.is_file():
-        return None, f"{rank_file.name} is missing"
     try:
         common = torch.load(folder / "common.pt", map_location="cpu", weights_only=False)
-        rank_state = (torch.load(rank_file, map_location="cpu", weights_only=False)
-                      if rank_file.is_file() else None)
     except Exception as exc:  # noqa: BLE001 - truncated zip, bad pickle, I/O error: all unusable
         return None, f"{type(exc).__name__}: {exc}"
     missing = {"model", "scheduler", "step"} - set(common) if isinstance(common, dict) else {"all"}
     if missing:
         return None, f"common.pt lacks {sorted(missing)}"
+    if rank < common.get("world_size", world_size) and not rank_file.is_file():
+        return None, f"{rank_file.name} is missing"
+    try:
+        rank_state = (torch.load(rank_file, map_location="cpu", weights_only=False)
+                      if rank_file.is_file() else None)
+    except Exception as exc:  # noqa: BLE001
+        return None, f"{type(exc).__name__}: {exc}"
     if rank_state is not None and not {"optimizer", "rng", "task"} <= set(rank_state):
         return None, f"rank_{rank:05d}.pt is incomplete"
     return (common, rank_state), None
@@ -216,13 +221,17 @@ def load_checkpoint(run_dir, comm, log=print):
             bad[rank] = 1.0
         bad = comm.allreduce(bad, op="sum", name=f"gravac.checkpoint.check.{i}")
         if not bool(bad.any()):
-            return loaded[0], loaded[1], info
+            # common.pt's world size (the same file on every rank) over a scan's guess
+            return loaded[0], loaded[1], {**info, "world_size": loaded[0].get(
+                "world_size", info["world_size"])}
         if problem is not None:
             log(f"checkpoint {folder} cannot be used on rank {rank} ({problem})")
         if rank == 0:
             ranks = [r for r, b in enumerate(bad.tolist()) if b]
-            log(f"checkpoint {folder} is unreadable on rank(s) {ranks}; trying an earlier one")
+            log(f"checkpoint {folder} is unreadable on rank(s) {ranks}"
+                + ("; trying an earlier one" if i + 1 < len(candidates) else ""))
     if candidates:
-        raise RuntimeError(f"no readable checkpoint in {checkpoint_root(run_dir)} (tried "
-                           f"{', '.join(c['dir'] for c in candidates)}); start a new run")
+        raise CheckpointError(f"no readable checkpoint in {checkpoint_root(run_dir)} (tried "
+                              f"{', '.join(c['dir'] for c in candidates)}); start a new run "
+                              "(run.overwrite=true) or restore a checkpoint")
     return None

@@ -81,6 +81,40 @@ def test_pruning_after_a_fallback_keeps_the_good_checkpoint(tmp_path):
     assert _folders(tmp_path) == ["step_00000200", "step_00000250"]
 
 
+def test_no_readable_checkpoint_is_a_checkpoint_error_and_says_none_is_left(tmp_path):
+    _save(tmp_path, 100, keep=1)
+    (tmp_path / "checkpoints/step_00000100/common.pt").write_bytes(b"junk")
+    said = []
+    # Before: a RuntimeError (a traceback on every rank) after "trying an earlier one".
+    with pytest.raises(CheckpointError, match=r"no readable checkpoint in .* \(tried "
+                                              r"step_00000100\); start a new run"):
+        load_checkpoint(tmp_path, COMM, log=said.append)
+    assert said[-1].endswith("is unreadable on rank(s) [0]")
+
+
+def test_a_scanned_folder_whose_save_stopped_short_of_a_rank_is_skipped(tmp_path):
+    # 2 ranks saved step 450; at step 460 rank 1's file was never written, and latest.json
+    # is cut: the scan saw one rank file and took 460 for a 1-rank job's checkpoint.
+    rank_state = {"optimizer": {}, "rng": {}, "task": {}}
+    for step, ranks in ((450, (0, 1)), (460, (0,))):
+        folder = tmp_path / "checkpoints" / f"step_{step:08d}"
+        folder.mkdir(parents=True)
+        torch.save({"model": {}, "scheduler": {}, "step": step, "world_size": 2},
+                   folder / "common.pt")
+        for r in ranks:
+            torch.save(rank_state, folder / f"rank_{r:05d}.pt")
+    (tmp_path / "checkpoints/latest.json").write_text('{"step": 45')
+    # Rank 1 of the 2-rank job resuming: its file at 460 is missing (the ranks then agree to
+    # skip 460); before, the scan's world size of 1 made rank 1 a rank without a file.
+    assert ckpt._read(tmp_path / "checkpoints/step_00000460", 1, 1)[1] == \
+        "rank_00001.pt is missing"
+    assert ckpt._read(tmp_path / "checkpoints/step_00000450", 1, 1)[1] is None
+    # The world size a resume is checked against is common.pt's, not the scan's guess of 1
+    # (which sent a 2-rank run to "run it with 1 ranks").
+    _, _, info = load_checkpoint(tmp_path, COMM, log=lambda _: None)
+    assert info == {"step": 460, "dir": "step_00000460", "world_size": 2}
+
+
 def test_cli_full_disk_is_one_line(tmp_path):
     """A launched run whose checkpoint write fails with ENOSPC exits 1 with one line."""
     code = ("import errno, sys\n"
