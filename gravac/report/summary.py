@@ -43,7 +43,7 @@ def summary_table(rows: Sequence[RunSummary], baseline: Run | None) -> list[str]
     """Markdown lines of the summary table, plus footnotes on unfinished runs and baseline
     comparisons."""
     header = ["Run", "Controller", "Compressor", "Steps", "Wall time (s)", "Metric",
-              "Final", "Best", "Mean samples/s", "Floats sent vs dense"]
+              "Final", "Best", "Samples/s", "Floats sent vs dense"]
     if baseline is not None:
         header += ["Speedup vs baseline", "Comm. saving vs baseline"]
     body, notes = [], []

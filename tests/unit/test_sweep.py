@@ -503,11 +503,11 @@ def test_execute_runs_each_job_behind_the_link_and_names_the_fastest(tmp_path, m
     assert [c[:5] for c in commands] == [["bash", swl.SANDBOX, "100mbit", "--",
                                           "/v/horovodrun"]] * 2
     out = capsys.readouterr().out
-    assert "fastest: t-topk, 400.0 samples/s, 2.67x its baseline t-dense's; link: 100mbit " \
+    assert "fastest: t-topk, 400.0 samples/s, 2.00x its baseline t-dense's speed; link: 100mbit " \
            "(hvd_scripts/bandwidth_sandbox.sh)" in out
     md = (tmp_path / "results.md").read_text()
     assert "Link: 100mbit (hvd_scripts/bandwidth_sandbox.sh).\n" in md
-    assert "Fastest: t-topk, 400.0 samples/s, 2.67x its baseline t-dense's.\n" in md
+    assert "Fastest: t-topk, 400.0 samples/s, 2.00x its baseline t-dense's speed.\n" in md
 
 
 def test_a_link_and_a_hostfile_together_are_refused(tmp_path, capsys):
