@@ -279,7 +279,9 @@ class Exploration:
     ``excess``: their time minus what as many steps take at the median step time of the
     rest of the run (the chosen methods'), so what exploring cost against running the
     choices throughout; ``share``: ``excess`` over the run's whole step time. Time only: a
-    trial's effect on the loss (its steps' gains) is not in it.
+    trial's effect on the loss (its steps' gains) is not in it. ``stride``: where step
+    lines were logged every ``stride`` > 1 steps (``run.log_interval``), each line stands
+    for the steps since the one before: the figures are estimates (1: exact).
     """
 
     steps: int
@@ -287,6 +289,7 @@ class Exploration:
     seconds: float
     excess: float
     share: float
+    stride: int = 1
 
 
 def exploration(run: Run) -> Exploration | None:
@@ -303,14 +306,24 @@ def exploration(run: Run) -> Exploration | None:
     steps = [s for s in run.steps if s.get("t_iter") is not None and s.get("method")]
     if not chosen or not steps:
         return None
-    exploring, settled = [], []
+    # (t_iter, steps it stands for): a line logged every k steps stands for the k steps
+    # up to it (counting lines said "4 of 5 steps" for a 20-step run logged every 5).
+    exploring, settled, before = [], [], 0
     for s in steps:
         # A choice logged at the end of step k holds from step k + 1.
         current = [method for step, method in chosen if step < s["step"]]
-        (settled if current and s["method"] == current[-1] else exploring).append(s["t_iter"])
+        weight = max(s["step"] - before, 1)
+        before = s["step"]
+        (settled if current and s["method"] == current[-1] else exploring).append(
+            (s["t_iter"], weight))
     if not settled:
         return None
-    total = sum(exploring) + sum(settled)
-    excess = sum(exploring) - len(exploring) * float(np.median(settled))
-    return Exploration(steps=len(exploring), total_steps=len(steps), seconds=sum(exploring),
-                       excess=excess, share=excess / total if total > 0 else 0.0)
+    seconds = sum(t * w for t, w in exploring)
+    count = sum(w for _, w in exploring)
+    total = seconds + sum(t * w for t, w in settled)
+    median = float(np.median([t for t, _ in settled]))
+    excess = seconds - count * median
+    stride = max(w for _, w in exploring + settled)
+    return Exploration(steps=count, total_steps=count + sum(w for _, w in settled),
+                       seconds=seconds, excess=excess,
+                       share=excess / total if total > 0 else 0.0, stride=stride)

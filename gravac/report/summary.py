@@ -125,10 +125,12 @@ def _why(event: dict) -> str:
 
 def exploration_line(cost: Exploration) -> str:
     """One sentence: what Auto's trials cost the run (``stats.exploration``)."""
+    estimate = "" if cost.stride <= 1 else \
+        f" (estimated from a step line every {cost.stride} steps: run.log_interval)"
     return (f"Exploration: {cost.steps} of {cost.total_steps} steps ran a method other than "
             f"the one chosen at the time ({cost.seconds:.1f} s); against the chosen methods' "
             f"median step they cost {cost.excess:+.1f} s, {100 * cost.share:+.1f}% of the "
-            "run's step time.")
+            f"run's step time{estimate}.")
 
 
 def time_section(runs: Sequence[Run]) -> list[str]:

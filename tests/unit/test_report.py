@@ -385,6 +385,29 @@ def test_exploration_is_the_trials_time_over_the_chosen_methods_median(tmp_path)
     assert exploration(load_run(dense_run(tmp_path / "dense"))) is None
 
 
+def test_exploration_from_a_line_every_few_steps_counts_the_steps_it_stands_for(tmp_path):
+    """A 20-step run logged every 5 steps, chosen at step 15: the lines at 5, 10, 15 stand
+    for 15 exploring steps (counting lines said "3 of 4"), the line at 20 for 5 settled."""
+    from gravac.report.stats import exploration
+
+    records = [start("auto", "auto")]
+    for k, (method, t) in zip((5, 10, 15, 20), [("fp16", 1.0), ("dense", 2.0),
+                                                 ("powersgd:4", 0.5), ("fp16", 1.0)]):
+        rec = step(k, float(k), 1.0, "dense", 1000.0 * k, 1000.0 * k)
+        rec.update(method=method, t_iter=t)
+        records.append(rec)
+    records.append({"kind": "method", "step": 15, "time": 15.0, "event": "chosen",
+                    "method": "fp16", "score": 1.0})
+    run = load_run(write_run(tmp_path / "auto", records))
+    cost = exploration(run)
+    assert (cost.steps, cost.total_steps, cost.stride) == (15, 20, 5)
+    assert cost.seconds == pytest.approx(17.5) and cost.excess == pytest.approx(2.5)
+    build_report([tmp_path / "auto"], tmp_path / "report")
+    text = (tmp_path / "report" / "report.md").read_text()
+    assert "Exploration: 15 of 20 steps" in text
+    assert "(estimated from a step line every 5 steps: run.log_interval)." in text
+
+
 def test_a_split_method_event_names_the_layers_it_sends_dense(tmp_path):
     records = [start("auto", "auto"), step(1, 1.0, 1.0, "min", 10.0, 1000.0)]
     records[1].update(method="sparse:40/split")
