@@ -180,7 +180,8 @@ def test_a_subclass_of_the_wrapped_optimizer_steps_without_recursing():
     assert isinstance(opt, torch.optim.SGD)
 
 
-def test_resume_moves_residuals_to_the_parameters_dtype_on_the_local_transport():
+def _one_local_step():
+    """(model, optimizer, its state) after one step of Static(cf=10) on the local transport."""
     from gravac.comm import LocalComm
     from gravac.engine import wrap_optimizer
 
@@ -189,7 +190,14 @@ def test_resume_moves_residuals_to_the_parameters_dtype_on_the_local_transport()
                          LocalComm(), controller=Static(cf=10))
     _backward(model, 0)
     opt.step()
-    state = opt.state_dict()
+    return model, opt, opt.state_dict()
+
+
+def test_resume_moves_residuals_to_the_parameters_dtype_on_the_local_transport():
+    from gravac.comm import LocalComm
+    from gravac.engine import wrap_optimizer
+
+    _, opt, state = _one_local_step()
     wide = _model().double()
     opt64 = wrap_optimizer(torch.optim.SGD(wide.parameters(), lr=0.1), wide.named_parameters(),
                            LocalComm(), controller=Static(cf=10))
@@ -232,12 +240,7 @@ def test_resuming_with_other_parameter_names_is_refused_before_anything_is_loade
     from gravac.comm import LocalComm
     from gravac.engine import wrap_optimizer
 
-    model = _model()
-    opt = wrap_optimizer(torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(),
-                         LocalComm(), controller=Static(cf=10))
-    _backward(model, 0)
-    opt.step()
-    state = opt.state_dict()
+    _, _, state = _one_local_step()
     other = _model()
     unnamed = wrap_optimizer(torch.optim.SGD(other.parameters(), lr=0.1), None, LocalComm(),
                              controller=Static(cf=10))
