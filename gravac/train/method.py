@@ -120,7 +120,7 @@ class Method(abc.ABC):
     def step_stats(self, opt, step: int, dense_numel: int) -> StepStats:
         """The step record of the step just taken (0-based ``step``): a plain dense
         allreduce of ``dense_numel`` elements for the baselines, at the wire's width (2
-        bytes a value under fp16; before, the baselines logged 0 bytes)."""
+        bytes a value under fp16)."""
         width = 2 if dense_fp16(self.cfg) else _value_bytes(opt)
         return StepStats.dense(step, dense_numel, bytes_sent=width * dense_numel)
 
@@ -185,7 +185,7 @@ class TorchDDP(Method):
         steps), else what DDP's PowerSGD hook sends, which it does not report: its P and Q
         factors for each gradient it compresses, the rest whole (PyTorch's own rule:
         ``_should_compress`` at its ``min_compression_rate`` of 2, each gradient viewed as
-        (shape[0], -1)). Before, every step of it logged as dense."""
+        (shape[0], -1))."""
         c = self.cfg.compression
         if c.ddp_powersgd_rank is None or step < c.ddp_start_powersgd_iter:
             return super().step_stats(opt, step, dense_numel)
