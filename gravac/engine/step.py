@@ -684,6 +684,9 @@ class StepEngine:
         t_iter = stats.t_iter
         if t_iter is not None and stats.t_discarded:
             t_iter = max(t_iter - stats.t_discarded, 0.0)
+        # The step's own smoothed gains, read before a window's end resets them (the step
+        # line then showed delta_c null beside the gain_c that had just moved θc).
+        summary = self.controller.summary()
         self.controller.end_step(
             StepRecord(step=stats.step, sent=stats.sent, cf=stats.cf,
                        gain=1.0 if gain is None else gain, t_iter=t_iter,
@@ -691,7 +694,6 @@ class StepEngine:
                        extra={"t_comm": stats.t_comm,
                               "t_pack": (stats.t_pack or 0.0) + (stats.t_unpack or 0.0)}),
             self.comm)
-        summary = self.controller.summary()
         stats.delta_min, stats.delta_c = summary.get("delta_min"), summary.get("delta_c")
 
     # -- agreement ------------------------------------------------------------------------

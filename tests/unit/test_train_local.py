@@ -37,6 +37,15 @@ def test_local_backend_trains_and_logs_the_step_record(tmp_path, compression):
     else:
         assert {r["theta_min"] for r in steps} == {10.0}
         assert any(r["delta_min"] is not None for r in steps)
+        # A window's last step carries the smoothed gains its window record measured
+        # (they were read after the window's end reset them: null there).
+        by_step = {r["step"]: r for r in steps}
+        windows = [r for r in records if r["kind"] == "window"]
+        assert windows
+        for w in windows:
+            line = by_step[w["step"]]
+            assert line["delta_min"] is not None
+            assert (line["delta_min"], line["delta_c"]) == (w["delta_min"], w["delta_c"])
 
 
 def test_resuming_a_finished_run_logs_its_final_evaluation_once(tmp_path, capsys):
