@@ -698,7 +698,8 @@ def check_launcher(cfg: Config, environ=None, launcher: str | None = None) -> No
     backend = cfg.run.backend
     launcher = {name: b for b, name in LAUNCHERS.items()}[launcher] if launcher \
         else launched_by(environ)
-    refuse_ddp_only(cfg.compression, backend if backend != "auto" else launcher)
+    if backend == "auto":       # a backend named outright: validate() refused it already
+        refuse_ddp_only(cfg.compression, launcher)
     if launcher is None or backend in ("auto", launcher):
         return
     other = f"launch with {LAUNCHERS[backend]}" if backend in LAUNCHERS else \

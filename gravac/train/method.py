@@ -33,6 +33,7 @@ import torch
 from ..comm import Comm
 from ..controllers import SENT_MIN
 from ..engine import StepStats, wrap_optimizer
+from ..util import sizes
 from .config import Config, build_controller, engine_options, refuse_ddp_only
 
 
@@ -73,6 +74,8 @@ class Method(abc.ABC):
 
     #: "horovod", "ddp", "gravac" or "gravac_ddp_hook".
     kind: str = ""
+    #: Bytes of one value on the baselines' wire (read at the first step record).
+    _width: int | None = None
 
     def __init__(self, cfg: Config, comm: Comm):
         self.cfg, self.comm = cfg, comm
@@ -121,8 +124,9 @@ class Method(abc.ABC):
         """The step record of the step just taken (0-based ``step``): a plain dense
         allreduce of ``dense_numel`` elements for the baselines, at the wire's width (2
         bytes a value under fp16)."""
-        width = 2 if dense_fp16(self.cfg) else _value_bytes(opt)
-        return StepStats.dense(step, dense_numel, bytes_sent=width * dense_numel)
+        if self._width is None:     # the parameters and the wire are fixed: read once
+            self._width = 2 if dense_fp16(self.cfg) else _value_bytes(opt)
+        return StepStats.dense(step, dense_numel, bytes_sent=self._width * dense_numel)
 
     def controller(self, opt):
         """The controller that plans what is sent (window decisions, epoch ends), or None."""
@@ -155,6 +159,7 @@ class TorchDDP(Method):
     during backward; the optimizer is plain SGD."""
 
     kind = "ddp"
+    _powersgd_floats: int | None = None
 
     def build_optimizer(self, model, defer_agreement=False):
         return build_sgd(self.cfg.optimizer, model)
@@ -189,11 +194,15 @@ class TorchDDP(Method):
         c = self.cfg.compression
         if c.ddp_powersgd_rank is None or step < c.ddp_start_powersgd_iter:
             return super().step_stats(opt, step, dense_numel)
-        floats = sum(_powersgd_hook_values(p.shape, c.ddp_powersgd_rank)
-                     for p in _trained(opt))
+        floats = self._powersgd_floats
+        if floats is None:      # the parameters are fixed: counted at the hook's first step
+            floats = self._powersgd_floats = sum(
+                _powersgd_hook_values(p.shape, c.ddp_powersgd_rank) for p in _trained(opt))
+        if self._width is None:
+            self._width = _value_bytes(opt)
         return StepStats(step=step, sent=SENT_MIN, cf=dense_numel / floats,
                          floats_sent=floats, dense_floats=dense_numel,
-                         bytes_sent=_value_bytes(opt) * floats)
+                         bytes_sent=self._width * floats)
 
 
 class Gravac(Method):
@@ -337,9 +346,6 @@ def _powersgd_hook_values(shape, rank: int, min_compression_rate: int = 2) -> in
     >>> _powersgd_hook_values((96, 32), 4), _powersgd_hook_values((10,), 4)
     (512, 10)
     """
-    n = shape[0] if len(shape) else 1
-    m = 1
-    for size in shape[1:]:
-        m *= size
+    n, m = sizes.matrix_shape(shape)
     r = min(n, m, rank)
     return (n + m) * r if (n + m) * r * min_compression_rate < n * m else n * m
