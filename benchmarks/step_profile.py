@@ -158,11 +158,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workload", choices=list(WORKLOADS), default="lstm")
     parser.add_argument("--methods", nargs="+", default=["static_topk_40x", "gravac_recommended"],
-                        choices=list(METHODS))
+                        choices=list(METHODS), metavar="METHOD",
+                        help="what to profile (default: static_topk_40x gravac_recommended), "
+                             "end_to_end.py's names: " + ", ".join(METHODS))
     parser.add_argument("--rate", default="1gbit",
                         help="sandbox link rate (100mbit, 1gbit, 10gbit), or none for the "
                              "host's loopback (no root needed)")
-    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--steps", type=int, default=100, help="steps per run (default: 100)")
     parser.add_argument("--warmup", type=int, default=20, help="steps left out of the medians")
     parser.add_argument("--np", type=int, default=2)
     parser.add_argument("--backend", default="horovod", choices=BACKENDS)
