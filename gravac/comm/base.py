@@ -93,6 +93,12 @@ class Comm(ABC):
     def node(self) -> int:
         return self._node
 
+    def live_size(self) -> int:
+        """How many ranks the transport has now: ``size`` unless the launcher can change
+        the set of ranks under a running process (Horovod Elastic), where a ``Comm`` built
+        before the change still says the old size."""
+        return self._size
+
     # -- tensors ---------------------------------------------------------------------------
     @abstractmethod
     def allreduce_async(self, tensor: torch.Tensor, op: str, name: str) -> Handle:

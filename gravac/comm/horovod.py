@@ -125,6 +125,9 @@ class HorovodComm(Comm):
                          hvd.local_size() if world else size,
                          node=hvd.cross_rank() if world else 0)
 
+    def live_size(self) -> int:
+        return self.process_set.size()
+
     def allreduce_async(self, tensor, op, name) -> Handle:
         return _HorovodHandle(hvd.allreduce_async(tensor, op=_OPS[check_op(op)], name=name,
                                                   process_set=self.process_set))

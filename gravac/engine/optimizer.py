@@ -147,10 +147,11 @@ class DistributedOptimizerMixin:
         self._synchronized = False
         self._should_synchronize = True
         self._context = None
-        # The reset's caller has synchronised the training state (elastic: rank 0's, on
-        # every rank, a joining one included): no first-step sharing, which a rank that
-        # stepped before would not join.
-        self._shared = True
+        # Every rank calls this, so every rank takes rank 0's step count, controller and Q
+        # at the next step, together: a joining worker's fresh optimizer (or one whose
+        # state Horovod's TorchState synced without gravac's part) must not step on its
+        # own step clock, whose windows would not line up with the others' (a hang).
+        self._shared = False
 
     def add_param_group(self, param_group) -> None:
         """Refused once built: every rank's step sends the parameters the optimizer was
@@ -223,6 +224,18 @@ class DistributedOptimizerMixin:
         """(step, whether a learning rate went down since the last step): once per step,
         asked by ``synchronize`` or, with overlap, by the first gradient hook."""
         if self._context is None:
+            comm = self._engine.comm
+            if comm.live_size() != comm.size:
+                # Horovod Elastic changed the ranks under this process: its collectives
+                # would still be sized for the old world. (Re-attaching here would be
+                # collective, which a rank that joined with a fresh optimizer would not
+                # join: a hang; the reset callback runs on every rank.)
+                raise RuntimeError(
+                    f"the Horovod world changed from {comm.size} to {comm.live_size()} "
+                    "ranks (an elastic reset) and this optimizer still runs on the old "
+                    "one: build it with defer_agreement=True and call "
+                    "optimizer.reset_world(gravac.comm.horovod.HorovodComm()) first thing in "
+                    "the function hvd.elastic.run wraps (docs/HOROVOD.md, Horovod Elastic)")
             if not self._agreed:
                 self._agree()            # before the step's first collective
             if not self._shared:
@@ -452,6 +465,11 @@ def wrap_optimizer(optimizer, named_parameters, comm: Comm, compressor="topk", c
     if isinstance(optimizer, DistributedOptimizerMixin):
         raise ValueError("optimizer is already a gravac DistributedOptimizer: wrap the torch "
                          "optimizer once")
+    if type(optimizer).__dict__.get("_allreduce_grad_async") is not None:
+        # Horovod's wrapper (a class made per optimizer, holding _DistributedOptimizer's
+        # methods): the script's hvd.DistributedOptimizer line was kept beside gravac's.
+        raise ValueError("optimizer is a hvd.DistributedOptimizer: pass the torch optimizer "
+                         "it wraps (gravac's replaces Horovod's, not wraps it)")
     if not isinstance(comm, Comm):
         raise ValueError(f"comm must be a gravac.comm.Comm (e.g. gravac.comm.init('auto')), "
                          f"got {type(comm).__name__}")

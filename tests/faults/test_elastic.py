@@ -11,6 +11,8 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
 from jobs import HOROVODRUN, PYTHON, REPO, rank_pid, read_records, slowed_train
 
 # Seen here (a loaded machine): the shrink at step 170, the grow at step 290 (50 steps on
@@ -139,3 +141,61 @@ def test_a_killed_worker_is_survived_from_the_last_commit(tmp_path):
     assert reset["step"] >= 150 and reset["step"] % 10 == 0
     print(f"training went on with 1 rank {took:.1f}s after SIGKILL of rank 0, from the "
           f"commit at step {reset['step']}")
+
+
+def _user_lines(path: Path) -> list[tuple[int, int, int, int]]:
+    try:
+        text = path.read_text()
+    except OSError:
+        return []
+    return [tuple(map(int, line.split())) for line in text.splitlines()
+            if len(line.split()) == 4]
+
+
+@pytest.mark.parametrize("controller", ["static", "gravac"])
+def test_a_users_elastic_script_grows_and_shrinks(tmp_path, controller):
+    """docs/HOROVOD.md's own-script pattern (``defer_agreement=True``, ``reset_world`` first
+    in the elastic function): a worker joins (1 -> 2 ranks) and leaves (2 -> 1); the ranks
+    hold the same parameters after every step, GraVAC's window broadcasts included (a
+    joining worker that kept its own step clock would hang there)."""
+    hosts, out, stop = tmp_path / "hosts.txt", tmp_path / "steps.txt", tmp_path / "stop"
+    hosts.write_text("localhost:1\n")
+    cmd = [HOROVODRUN, "-np", "1", "--min-np", "1", "--max-np", "2",
+           "--host-discovery-script", str(REPO / "hvd_scripts/discover_hosts.sh"), "--gloo",
+           "--network-interfaces", "lo", PYTHON,
+           str(Path(__file__).with_name("elastic_user_script.py")), str(out), str(stop),
+           controller]
+    job = subprocess.Popen(cmd, cwd=REPO, start_new_session=True, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True,
+                           env={**os.environ, "GRAVAC_HOSTS_FILE": str(hosts)})
+
+    def wait_for(predicate, what):
+        deadline = time.time() + 300     # guards a broken set-up; not a speed limit
+        while time.time() < deadline:
+            lines = _user_lines(out)
+            if predicate(lines):
+                return lines
+            if job.poll() is not None:
+                raise AssertionError(f"the job ended before {what}:\n{job.stdout.read()[-3000:]}")
+            time.sleep(0.1)
+        raise AssertionError(f"timed out waiting for {what}")
+
+    try:
+        wait_for(lambda lines: len(lines) >= 10, "10 steps on 1 rank")
+        hosts.write_text("localhost:2\n")
+        grown = wait_for(lambda lines: sum(l[2] == 2 for l in lines) >= 2 * 12,
+                         "12 steps on 2 ranks")
+        hosts.write_text("localhost:1\n")
+        n = len(grown)
+        wait_for(lambda lines: sum(l[2] == 1 for l in lines[n:]) >= 10,
+                 "10 steps on 1 rank again")
+        stop.touch()
+    finally:
+        output = _finish(job)
+    assert job.returncode == 0, output[-4000:]
+    lines = _user_lines(out)
+    assert all(same for *_, same in lines), [l for l in lines if not l[3]][:5]
+    sizes = [size for _, _, size, _ in lines]
+    assert 2 in sizes and sizes[0] == 1 and sizes[-1] == 1
+    two = {(step, rank) for step, rank, size, _ in lines if size == 2}
+    assert {rank for _, rank in two} == {0, 1}    # both ranks stepped together

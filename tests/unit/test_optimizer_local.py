@@ -250,3 +250,39 @@ def test_resuming_with_other_parameter_names_is_refused_before_anything_is_loade
                                          r"this optimizer does not have \('0.weight'"):
         unnamed.load_state_dict(state)
     assert {n: unnamed.memory[n] for n in unnamed.memory}.keys() == before.keys()
+
+
+def test_horovods_optimizer_is_refused_as_the_one_to_wrap():
+    model = _model()
+    horovods = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                        model.named_parameters())
+    with pytest.raises(ValueError, match="optimizer is a hvd.DistributedOptimizer: pass the "
+                                         "torch optimizer it wraps"):
+        gravac.DistributedOptimizer(horovods, model.named_parameters())
+
+
+def test_a_step_after_the_world_changed_under_it_stops_in_one_line():
+    """Horovod Elastic re-forms the ranks under a running process: an optimizer not moved to
+    them (``reset_world``) stops before its first collective instead of sending collectives
+    sized for the old world."""
+    from gravac.comm import LocalComm
+    from gravac.engine import wrap_optimizer
+
+    class Grown(LocalComm):
+        live = 1
+
+        def live_size(self):
+            return self.live
+
+    comm = Grown()
+    model = _model()
+    opt = wrap_optimizer(torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(),
+                         comm, controller=Static(cf=10))
+    _backward(model, 0)
+    opt.step()
+    comm.live = 2
+    opt.zero_grad()
+    _backward(model, 1)
+    with pytest.raises(RuntimeError, match=r"the Horovod world changed from 1 to 2 ranks .*"
+                                           r"reset_world\(gravac.comm.horovod.HorovodComm\(\)\)"):
+        opt.step()
