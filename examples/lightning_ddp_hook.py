@@ -40,6 +40,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from torch.utils.data import DataLoader, TensorDataset
 
+from gravac.comm import end_process
 from gravac.controllers import GraVAC, Static
 from gravac.data import load_digits_dataset
 from gravac.models import SmallCNN
@@ -61,7 +62,6 @@ class DigitsClassifier(L.LightningModule):
     def __init__(self, args):
         super().__init__()
         self.args = args
-        # Not named "module": GravacHookState takes ``model.module`` for a DDP wrapper.
         self.net = SmallCNN(num_classes=10, in_channels=1, image_size=8)
         self.gravac_state: GravacHookState | None = None
         self.losses: list[float] = []
@@ -171,6 +171,7 @@ def main(args):
             "checkpoint": checkpoint.last_model_path or checkpoint.best_model_path,
             "metrics_csv": str(out / "csv" / "metrics.csv"),
         }), flush=True)
+    dist.barrier()                      # every rank is done with its collectives
 
 
 if __name__ == "__main__":
@@ -188,3 +189,8 @@ if __name__ == "__main__":
     parser.add_argument("--log-every", type=int, default=5, help="log every N steps")
     parser.add_argument("--seed", type=int, default=0)
     main(parser.parse_args())
+    # After gloo, exit without the interpreter's finalization: gloo's worker threads
+    # outlive the process group, and one still releasing a collective's tensors while
+    # the interpreter finalizes aborts the rank ("terminate called without an active
+    # exception"; gravac/comm/process_exit.py).
+    end_process(0)

@@ -114,7 +114,10 @@ class GravacHookState:
         self.process_group = process_group
         #: Parameters DDP was told to leave alone (given the DDP model): not gravac's either.
         self.ignored = sorted(getattr(model, "parameters_to_ignore", ()))
-        self.model = getattr(model, "module", model)
+        # DDP's wrapper holds the model as .module; a model of the user's own may have an
+        # attribute of that name too (a backbone), which is not the whole model.
+        wrappers = (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)
+        self.model = model.module if isinstance(model, wrappers) else model
         self.optimizer = optimizer
         self._reset_internal()
 

@@ -346,3 +346,34 @@ def test_a_state_built_on_another_model_is_refused_at_the_first_backward():
     with pytest.raises(ValueError, match="does not have: build GravacHookState on the module"):
         F.cross_entropy(ddp(x), y).backward()
     barrier("hook.other_model")
+
+
+def test_a_model_with_an_attribute_named_module_is_taken_whole():
+    """Only DDP's (or DataParallel's) wrapper is unwrapped: a model of the user's own whose
+    backbone is ``self.module`` is the model the state serves, head included."""
+    from gravac.torch.hooks import GravacHookState, gravac_hook
+
+    class Wrapped(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.module = make_net(0)
+            self.head = torch.nn.Linear(10, 10)
+
+        def forward(self, x):
+            return self.head(self.module(x))
+
+    torch.manual_seed(0)
+    model = Wrapped()
+    ddp = DistributedDataParallel(model)
+    state = GravacHookState(model, controller=Static(cf=10))
+    assert state.model is model
+    ddp.register_comm_hook(state, gravac_hook)
+    assert GravacHookState(ddp).model is model
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    for step in range(3):
+        opt.zero_grad()
+        x, y = rank_batch(step, COMM.rank)
+        F.cross_entropy(ddp(x), y).backward()
+        opt.step()
+    rows = gather_rows(_flat(model), "hook.module_attr")
+    assert torch.equal(rows[0], rows[1])
