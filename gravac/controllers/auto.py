@@ -187,7 +187,8 @@ class Auto(Controller):
             loss, docs/ALGORITHM.md's measured cells).
         trial_steps: measured steps of a trial (>= 1).
         settle_steps: steps of a trial before measuring (>= 0); the first trial's (the
-            run's first steps) send the candidate of the fewest link bytes.
+            run's first steps, at least one: the run's first step has no step time) send
+            the candidate of the fewest link bytes.
         recheck_every: steps of the chosen method between two re-checks (>= 1).
         recheck_within: methods whose score was within this fraction of the best run a
             trial again at a re-check; a trial whose mean gain so far is more than this
@@ -1030,13 +1031,18 @@ class Auto(Controller):
         if s.get("confirming"):
             return self.settle_steps, self.trial_steps
         if not s["table"]:
-            return self.settle_steps, 1
+            # At least one step settles: the run's first step has no step time (it is
+            # timed from the previous step's end), so a calibration measured there would
+            # enter the table without one and never score (settle_steps=0).
+            return max(self.settle_steps, 1), 1
         if s["current"] == "dense" and "dense" not in s["table"]:
             return 0, 1
         return self.settle_steps, self.trial_steps
 
     def _probing(self) -> bool:
-        return self._trial_length() != (self.settle_steps, self.trial_steps)
+        """A trial shorter than a full one: fewer measured steps, or none settled."""
+        settle, measured = self._trial_length()
+        return measured != self.trial_steps or settle < self.settle_steps
 
     def _probe_to_confirm(self) -> str | None:
         """The method measured by a probe (``_trial_length``) that may still win, or None:

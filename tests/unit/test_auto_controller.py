@@ -144,6 +144,26 @@ def test_the_calibrations_settling_step_runs_the_method_of_fewest_bytes():
     assert one_rank.plan(0).method.key == "fp16"
 
 
+def test_the_first_trial_settles_a_step_even_with_settle_steps_0():
+    """The run's first step has no step time (timed from the previous step's end): with
+    ``settle_steps=0`` the calibration still settles it and measures the next one, so fp16
+    enters the table with a time and, fastest here, is chosen."""
+    auto = _auto(methods=["dense", "fp16", "sparse:10"], settle_steps=0)
+    times = {"dense": 1.0, "fp16": 0.4, "sparse:10": 0.8}
+    ran = []
+    for step in range(12):
+        plan = auto.plan(step)
+        key = plan.method.key
+        ran.append(key)
+        sent = auto.decide(0.9, None) if plan.needs_gains else SENT_MIN
+        auto.end_step(StepRecord(step=step, sent=sent, cf=1.0, gain=1.0,
+                                 t_iter=None if step == 0 else times[key], samples=32,
+                                 extra={"t_comm": 0.1}), LocalSync())
+    assert ran[:2] == ["fp16", "fp16"]
+    assert auto.table["fp16"]["t"] == 0.4
+    assert auto.current == "fp16" and auto.phase == "run"
+
+
 @pytest.mark.parametrize("t_fp16, confirmed", [(0.9, True), (1.2, False)])
 def test_a_probe_that_could_win_runs_a_full_trial_before_the_choice(t_fp16, confirmed):
     """fp16's calibration probe measures one step. sparse:10 then scores 0.9 / 0.5 = 1.8.
