@@ -153,7 +153,10 @@ def test_summary_rows_have_exact_numbers(four_runs):
     assert (g["Controller"], g["Compressor"], g["Steps"]) == ("gravac", "topk", "100")
     assert g["Wall time (s)"] == "82.0"
     assert (g["Metric"], g["Final"], g["Best"]) == ("top1", "0.5800", "0.5900")
-    assert g["Samples/s"] == "2200.0"
+    # Lines at steps 9, 19, ..., 99 alternate 2400 and 2000 samples/s at 0.02 s a step;
+    # step 9 stands for itself, each later one for 10 steps: 1 + 4 x 10 steps at 2400 and
+    # 5 x 10 at 2000, (41 x 2400 + 50 x 2000) / 91 = 2180.2.
+    assert g["Samples/s"] == "2180.2"
     assert g["Floats sent vs dense"] == "0.0750"          # 7500 / 100000
     assert g["Speedup vs baseline"] == "2.50x"            # 205 s / 82 s
     assert g["Comm. saving vs baseline"] == "13.33x"      # 100000 / 7500
@@ -176,7 +179,8 @@ def test_summary_rows_have_exact_numbers(four_runs):
     lstm = rows["lstm-gravac"]  # a different model: no speedup against a ResNet baseline
     assert (lstm["Metric"], lstm["Final"], lstm["Best"]) == ("perplexity", "125.00", "120.00")
     assert lstm["Wall time (s)"] == "101.0"
-    assert lstm["Samples/s"] == "550.0"
+    # 100, 200, ..., 1000 samples/s at steps 9, ..., 99: (100 + 10 x (200 + ... + 1000)) / 91
+    assert lstm["Samples/s"] == "594.5"
     assert lstm["Speedup vs baseline"] == lstm["Comm. saving vs baseline"] == "—"
     assert "model lstm differs from the baseline's resnet101" in text
 
@@ -446,3 +450,16 @@ def test_throughput_is_samples_over_the_logged_steps_time():
         steps = [{"step": 1, "samples_per_sec": 640.0, "t_iter": 0.1},
                  {"step": 2, "samples_per_sec": 64 / 0.9, "t_iter": 0.9}]
     assert throughput(_Run()) == pytest.approx(128.0)
+
+
+def test_throughput_weighs_each_logged_step_by_the_steps_it_stands_for():
+    # One line every 5 steps: step 1 (0.8 s, first-use costs) stands for itself, steps 5
+    # and 10 (0.02 s) for 4 and 5 steps: 10 x 64 samples in 0.8 + 9 x 0.02 = 0.98 s. The
+    # logged steps alone said 3 x 64 / 0.84 = 228.6 samples/s.
+    from gravac.report.stats import throughput
+
+    class _Run:
+        steps = [{"step": 1, "samples_per_sec": 64 / 0.8, "t_iter": 0.8},
+                 {"step": 5, "samples_per_sec": 64 / 0.02, "t_iter": 0.02},
+                 {"step": 10, "samples_per_sec": 64 / 0.02, "t_iter": 0.02}]
+    assert throughput(_Run()) == pytest.approx(640 / 0.98)
