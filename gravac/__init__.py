@@ -25,6 +25,11 @@ def __getattr__(name):
     if name == "DistributedOptimizer":
         from .hvd.optimizer import DistributedOptimizer
         return DistributedOptimizer
+    # The front ends on first use: ``import gravac`` then ``gravac.torch.DistributedOptimizer``
+    # works as after ``import gravac.torch``.
+    if name in ("torch", "hvd"):
+        import importlib
+        return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module 'gravac' has no attribute {name!r}")
 
 

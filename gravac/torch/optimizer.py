@@ -36,6 +36,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compressor="topk", co
             opt.zero_grad()
             torch.nn.functional.cross_entropy(model(x), y).backward()
             opt.step()
+        dist.barrier(); dist.destroy_process_group()
+        gravac.comm.end_process(0)     # after gloo: no finalization (docs/USAGE.md)
     """
     return wrap_optimizer(optimizer, named_parameters, TorchDistComm(group),
                           compressor=compressor, controller=controller,
