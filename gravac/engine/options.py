@@ -67,8 +67,10 @@ class GravacOptions:
         "it for Static and Accordion; GraVAC overlaps its compressed layers with "
         "decide: previous only. Under controller auto the steps of methods whose exchange "
         "overlaps (dense, fp16, sparse on allgather) overlap, a sparse step's compressed "
-        "layers in its trials and with compression.auto.decide: previous; PowerSGD's and "
-        "shared_index's run in step().")})
+        "layers in its trials and with compression.auto.decide: previous; PowerSGD's, and "
+        "a sparse method's that Auto sends by shared_index (a CF at or below the rank "
+        "count), run in step(). The exchange option itself takes allgather or "
+        "allgather_coded with overlap.")})
     bucket_cap_mb: float = field(default=25.0, metadata={"doc": (
         "With overlap, MiB of gradient per bucket (cut in reverse layer order, the same on "
         "every rank).")})
