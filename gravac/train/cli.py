@@ -48,7 +48,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--resume", action="store_true",
                         help="continue the run in run.output_dir/run.name from its latest checkpoint")
     parser.add_argument("--check", nargs="?", const="", default=None, metavar="LAUNCHER",
-                        help="only check the config and the data files, in this one process "
+                        help="only check the config, the data files and the run folder (in "
+                             "use by another run? anything to --resume?), in this one process "
                              "without a launcher (what hvd_scripts/run_*.sh run before "
                              "launching); exit 0, or 2 with one line. With the launcher "
                              "that will start the job (horovodrun or torchrun) its options "
@@ -60,12 +61,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def check(cfg) -> None:
-    """The config (already validated) and its data files, in this one process: reading the
-    data is what a launched job would fail on next (bad or missing files)."""
+def check(cfg, resume: bool = False) -> None:
+    """The config (already validated), its data files and the run folder, in this one
+    process: what a launched job would fail on next (bad or missing files, a folder that
+    holds another run, a resume that has nothing to continue or changes the experiment)."""
+    from pathlib import Path
+
+    from .resume import run_dir_problem
     from .tasks import build_task
 
     build_task(cfg, rank=0, world_size=1)
+    problem = run_dir_problem(cfg, Path(cfg.run.output_dir) / cfg.run.name, resume)
+    if problem:
+        raise ConfigError(problem)
 
 
 def _print_stacks_on_crash() -> None:
@@ -89,7 +97,7 @@ def main(argv=None) -> int:
         return 2
     if args.check is not None:
         try:
-            check(cfg)
+            check(cfg, resume=args.resume)
         except ConfigError as exc:
             print(f"config error: {exc}", file=sys.stderr)
             return 2

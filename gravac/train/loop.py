@@ -33,12 +33,12 @@ from ..engine.run_record import (EVAL, METHOD, METRICS_FILE, NONFINITE, RANK_STE
                                  RUN_END, RUN_START, WINDOW, new_record)
 from ..util.malloc import keep_freed_memory
 from ..util.atomic import atomic_write_text
-from .checkpoint import has_checkpoint, load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from .checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from .config import Config, ConfigError, dump_yaml, to_dict
 from .device import describe_device, rank_device, wants_gpu
 from .method import build_method, prepare_environment
 from .monitor import RankPhaseLog, RunLogger, truncate_metrics
-from .resume import check_resume_config
+from .resume import occupied, run_dir_problem
 from .run_lock import RunDirLock, clear_run_dir
 from .schedule import build_scheduler
 from .signals import Interrupted, StopSignal
@@ -66,46 +66,16 @@ def _prepare_run_dir(cfg: Config, run_dir: Path, resume: bool, comm: Comm,
     problem = None
     if comm.rank == 0:
         # The lock first: nothing is read or deleted while another run uses the folder.
-        problem = _run_dir_problem(cfg, run_dir, resume) if lock.acquire() else lock.refusal()
+        problem = run_dir_problem(cfg, run_dir, resume) if lock.acquire() else lock.refusal()
+        if problem is None and not resume and cfg.run.overwrite and occupied(run_dir):
+            clear_run_dir(run_dir)
     problem = comm.broadcast_object(problem, name="gravac.run_dir")
     if problem:
+        if comm.rank == 0:
+            lock.abandon()
         raise ConfigError(problem)
     if comm.rank == 0 and not resume:    # a resume writes it once the checkpoint has loaded
         atomic_write_text(run_dir / "config.yaml", dump_yaml(cfg))
-
-
-def _run_dir_problem(cfg: Config, run_dir: Path, resume: bool) -> str | None:
-    """Rank 0, holding the folder's lock: why the run cannot use ``run_dir``, or None
-    (``run.overwrite`` clears it here)."""
-    occupied = (run_dir / METRICS_FILE).exists() or (run_dir / "checkpoints").exists()
-    if resume:
-        if not has_checkpoint(run_dir):
-            return (f"--resume: no checkpoint in {run_dir / 'checkpoints'}; start without "
-                    "--resume, or set run.output_dir/run.name to the run to continue")
-        return _resume_config_problem(cfg, run_dir)
-    if occupied and not cfg.run.overwrite:
-        return (f"{run_dir} already holds a run; continue it with --resume, replace it "
-                "with --set run.overwrite=true, or choose another run.name")
-    if occupied:
-        clear_run_dir(run_dir)
-    return None
-
-
-def _resume_config_problem(cfg: Config, run_dir: Path) -> str | None:
-    """Rank 0: the resumed config against the run's own (config.yaml, written when it
-    started); prints the changes it allows."""
-    import yaml
-
-    try:
-        old = yaml.safe_load((run_dir / "config.yaml").read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        print(f"resume: cannot compare with {run_dir / 'config.yaml'} ({exc}); "
-              "continuing with the config given", flush=True)
-        return None
-    problem, notes = check_resume_config(old if isinstance(old, dict) else {}, cfg)
-    for line in notes:
-        print(line, flush=True)
-    return problem
 
 
 class Trainer:

@@ -11,10 +11,15 @@ Example::
 
     old = yaml.safe_load((run_dir / "config.yaml").read_text())
     problem, notes = check_resume_config(old, cfg)   # problem: one line, or None
+    problem = run_dir_problem(cfg, run_dir, resume=True)   # the folder as well
 """
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
+
+from ..engine.run_record import METRICS_FILE
+from .checkpoint import has_checkpoint
 
 #: Dotted config keys (or prefixes) a resumed run may change freely.
 MAY_CHANGE = (
@@ -101,3 +106,41 @@ def check_resume_config(old: dict, cfg) -> tuple[str | None, list[str]]:
                 f"(another run.name), or force it with --set run.resume_allow_changes="
                 f"[{names}] (or all)"), []
     return None, [f"resume: allowed change {k} {a!r} -> {b!r}" for k, (a, b) in forced.items()]
+
+
+def occupied(run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds a run (its metrics or checkpoints)."""
+    return (run_dir / METRICS_FILE).exists() or (run_dir / "checkpoints").exists()
+
+
+def run_dir_problem(cfg, run_dir: Path, resume: bool) -> str | None:
+    """Why the run cannot start (or, ``resume``, continue) in ``run_dir``, or None. Reads
+    only: the trainer's rank 0 asks it holding the folder's lock (and then clears an
+    occupied folder under ``run.overwrite``); ``train.py --check`` asks it before a
+    launch, so that a folder in use stops the check rather than every launched rank."""
+    if resume:
+        if not has_checkpoint(run_dir):
+            return (f"--resume: no checkpoint in {run_dir / 'checkpoints'}; start without "
+                    "--resume, or set run.output_dir/run.name to the run to continue")
+        return _resume_config_problem(cfg, run_dir)
+    if occupied(run_dir) and not cfg.run.overwrite:
+        return (f"{run_dir} already holds a run; continue it with --resume, replace it "
+                "with --set run.overwrite=true, or choose another run.name")
+    return None
+
+
+def _resume_config_problem(cfg, run_dir: Path) -> str | None:
+    """The resumed config against the run's own (config.yaml, written when it started);
+    prints the changes it allows."""
+    import yaml
+
+    try:
+        old = yaml.safe_load((run_dir / "config.yaml").read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        print(f"resume: cannot compare with {run_dir / 'config.yaml'} ({exc}); "
+              "continuing with the config given", flush=True)
+        return None
+    problem, notes = check_resume_config(old if isinstance(old, dict) else {}, cfg)
+    for line in notes:
+        print(line, flush=True)
+    return problem

@@ -35,9 +35,11 @@ class RunDirLock:
         self.run_dir = Path(run_dir)
         self.path = self.run_dir / LOCK_FILE
         self._file = None
+        self.created = False             # acquire made the folder
 
     def acquire(self) -> bool:
         """Take the lock (creating the folder); False when another run holds it."""
+        self.created = not self.run_dir.exists()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         f = open(self.path, "a+", encoding="utf-8")
         try:
@@ -67,6 +69,15 @@ class RunDirLock:
         if self._file is not None:
             self._file.close()           # closing the file drops the flock
             self._file = None
+
+    def abandon(self) -> None:
+        """Release, and remove the folder where ``acquire`` created it and nothing but the
+        lock is in it (a run refused before it wrote anything leaves nothing behind)."""
+        self.release()
+        if self.created and self.path.exists() and \
+                [p.name for p in self.run_dir.iterdir()] == [LOCK_FILE]:
+            self.path.unlink()
+            self.run_dir.rmdir()
 
 
 def clear_run_dir(run_dir: str | os.PathLike) -> None:

@@ -75,3 +75,30 @@ def test_a_run_name_that_leaves_the_output_folder_is_refused(tmp_path, name):
         f"run.name={name!r}: must be a folder name inside run.output_dir: non-empty, without "
         "'/', not '.' or '..'")
     assert (tmp_path / "keep.txt").exists()
+
+
+def test_a_refused_resume_leaves_no_folder_and_check_sees_the_folder_first(tmp_path, capsys):
+    """--resume of a run that does not exist is refused without leaving its folder (and
+    lock) behind; ``train.py --check`` refuses what the ranks would: a folder that holds a
+    run, a resume with nothing to continue."""
+    from gravac.train.cli import main
+
+    def cfg(name, *extra):
+        return load_config([REPO / "configs/demo.yaml"],
+                           [f"run.output_dir={tmp_path}", f"run.name={name}", "run.steps=2",
+                            *LOCAL, *extra])
+    with pytest.raises(ConfigError, match="--resume: no checkpoint in"):
+        train(cfg("nothing"), resume=True)
+    assert not (tmp_path / "nothing").exists()
+
+    train(cfg("done"))
+    base = ["--config", str(REPO / "configs/demo.yaml"), "--set", f"run.output_dir={tmp_path}",
+            *LOCAL]
+    assert main([*base, "run.name=done", "--check"]) == 2
+    assert f"{tmp_path / 'done'} already holds a run; continue it with --resume" in \
+        capsys.readouterr().err
+    assert main([*base, "run.name=done", "run.steps=4", "--resume", "--check"]) == 0
+    assert main([*base, "run.name=done", "run.overwrite=true", "--check"]) == 0
+    assert main([*base, "run.name=nothing", "--resume", "--check"]) == 2
+    assert "--resume: no checkpoint in" in capsys.readouterr().err
+    assert not (tmp_path / "nothing").exists()

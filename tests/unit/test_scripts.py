@@ -346,16 +346,37 @@ def test_a_series_continues_with_resume_as_its_header_says(tmp_path):
 
 
 def test_a_ranks_gravac_error_is_the_last_line_after_horovodruns_traceback(tmp_path):
-    """Issue 37: an error inside the ranks (here --resume with nothing to resume, which
-    `train.py --check` cannot see) ended in horovodrun's 25-line traceback; the launch
-    script now prints the ranks' one line after it. A real 2-rank horovodrun job."""
-    proc = bash(str(REPO / "hvd_scripts/run_single_node.sh"), "2", "configs/demo.yaml", "--",
-                "--set", f"run.output_dir={tmp_path}", "--set", "run.name=r", "--resume")
+    """Issue 37: an error inside the ranks (here a run folder another run holds, which
+    `train.py --check` does not lock and so cannot see) ended in horovodrun's 25-line
+    traceback; the launch script prints the ranks' one line after it. A real 2-rank
+    horovodrun job."""
+    from gravac.train.run_lock import RunDirLock
+
+    held = RunDirLock(tmp_path / "r")
+    assert held.acquire()
+    try:
+        proc = bash(str(REPO / "hvd_scripts/run_single_node.sh"), "2", "configs/demo.yaml",
+                    "--", "--set", f"run.output_dir={tmp_path}", "--set", "run.name=r")
+    finally:
+        held.release()
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "RuntimeError: Horovod detected that one or more processes exited" in proc.stderr
-    assert proc.stderr.splitlines()[-1] == (
+    last = proc.stderr.splitlines()[-1]
+    assert last.startswith(f"config error: {tmp_path}/r is in use by another run (pid "), last
+    assert last.endswith("; wait until it ends, or choose another run.name or "
+                         "run.output_dir"), last
+
+
+def test_check_refuses_a_resume_with_nothing_to_resume_before_the_launch(tmp_path):
+    """The launch script's `train.py --check` sees the run folder: --resume with nothing to
+    continue is its one line (exit 2), and no launcher runs."""
+    proc = bash(str(REPO / "hvd_scripts/run_single_node.sh"), "2", "configs/demo.yaml", "--",
+                "--set", f"run.output_dir={tmp_path}", "--set", "run.name=r", "--resume")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.strip() == (
         f"config error: --resume: no checkpoint in {tmp_path}/r/checkpoints; start without "
         "--resume, or set run.output_dir/run.name to the run to continue")
+    assert not (tmp_path / "r").exists()
 
 
 def test_the_demo_refuses_a_bad_link_in_one_line():
