@@ -3,7 +3,7 @@
 Trains a small MLP on scikit-learn's handwritten digits (ships with scikit-learn, no
 download), each rank on its own shard, and prints the loss and accuracy per epoch.
 
-    horovodrun -np 2 -H localhost:2 --gloo .venv/bin/python examples/quickstart.py
+    .venv/bin/horovodrun -np 2 -H localhost:2 --gloo .venv/bin/python examples/quickstart.py
 """
 import argparse
 
