@@ -123,12 +123,15 @@ class DistributedOptimizerMixin:
     def reset_world(self, comm: Comm) -> None:
         """Re-attach to a new set of ranks (an elastic reset). Collective.
 
-        Call it on every rank once the transport is up again and the training state is
-        in sync: the set-up agreement runs again (a joining rank may have been built
-        differently), the controller keeps what it learned but sees the new ranks, and
-        step timing restarts. Residuals are left alone: each process keeps its own (a new
-        process starts with none); the elastic trainer restores or clears them. A low-rank
-        compressor's warm-start Q, which must be the same on every rank, becomes rank 0's.
+        Call it on every rank, a joining one included, once the transport is up again
+        (under ``hvd.elastic.run``: first thing in the function it wraps; build the
+        optimizer with ``defer_agreement=True``): the set-up agreement runs again (a
+        joining rank may have been built differently), the controller keeps what it
+        learned but sees the new ranks, step timing restarts, and at the next step every
+        rank takes rank 0's step count, controller and PowerSGD's Q. Residuals are left
+        alone: each process keeps its own (a new process starts with none); the elastic
+        trainer restores or clears them. A low-rank compressor's warm-start Q, which must
+        be the same on every rank, becomes rank 0's.
         """
         self._engine.rebind(comm)
         self._agree()
