@@ -232,7 +232,7 @@ class DistributedOptimizerMixin:
                 # Horovod Elastic changed the ranks under this process: its collectives
                 # would still be sized for the old world. (Re-attaching here would be
                 # collective, which a rank that joined with a fresh optimizer would not
-                # join: a hang; the reset callback runs on every rank.)
+                # join: a hang; reset_world, called by every rank, is the way.)
                 raise RuntimeError(
                     f"the Horovod world changed from {comm.size} to {comm.live_size()} "
                     "ranks (an elastic reset) and this optimizer still runs on the old "
