@@ -171,9 +171,18 @@ class GravacOptions:
         return out
 
 
+class OptionError(ValueError):
+    """A bad option: ``name=value: allowed`` (Python's spelling); the config reports the
+    same with its key and YAML's spelling from ``name``, ``value`` and ``allowed``."""
+
+    def __init__(self, name: str, value, allowed: str):
+        super().__init__(f"{name}={value!r}: {allowed}")
+        self.name, self.value, self.allowed = name, value, allowed
+
+
 def _require(ok: bool, name: str, value, allowed: str) -> None:
     if not ok:
-        raise ValueError(f"{name}={value!r}: {allowed}")
+        raise OptionError(name, value, allowed)
 
 
 def _check_type(name: str, value) -> None:

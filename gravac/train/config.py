@@ -31,7 +31,7 @@ import yaml
 from ..comm.horovod_cycle import PROBLEM as CYCLE_PROBLEM
 from ..comm.horovod_cycle import check_setting as check_cycle_setting
 from ..controllers import Accordion, Auto, GraVAC, Static
-from ..engine.options import GravacOptions
+from ..engine.options import GravacOptions, OptionError
 
 CONTROLLERS = ("dense", "static", "gravac", "accordion", "auto")
 #: How gravac's compression runs: its distributed optimizer, or a DDP communication hook.
@@ -463,9 +463,15 @@ def dump_yaml(cfg) -> str:
 
 
 # -- validation -----------------------------------------------------------------------------
+def _shown(value) -> str:
+    """A value as a config file writes it (true, null), else as Python shows it."""
+    return "true" if value is True else "false" if value is False else \
+        "null" if value is None else repr(value)
+
+
 def _require(ok: bool, key: str, value, allowed: str):
     if not ok:
-        raise ConfigError(f"{key}={value!r}: {allowed}")
+        raise ConfigError(f"{key}={_shown(value)}: {allowed}")
 
 
 def validate(cfg: Config) -> None:
@@ -584,6 +590,8 @@ def validate(cfg: Config) -> None:
         options = engine_options(cfg)
         options.check() if c.controller == "dense" else options.check_with(
             _compressor_kind(c.compressor), auto)
+    except OptionError as exc:
+        _require(False, f"compression.{exc.name}", exc.value, exc.allowed)
     except ValueError as exc:
         raise ConfigError(f"compression.{exc}") from None
     _require(not c.overlap or c.controller != "dense", "compression.overlap", c.overlap,

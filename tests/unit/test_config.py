@@ -86,7 +86,7 @@ def test_set_parses_yaml_values_without_eval():
     (["run.steps=5", "compression.horovod_compression=fp16"],
      "unknown key 'compression.horovod_compression': it is now compression.dense_wire"),
     (["run.steps=5", "model.name=lstm"], "does not fit data.name='digits'"),
-    (["run.steps=5", "data.name=cifar10", "model.name=resnet18"], "data.root=None: must point at"),
+    (["run.steps=5", "data.name=cifar10", "model.name=resnet18"], "data.root=null: must point at"),
     (["run.steps=5", "nonsense.key=1"], "unknown key 'nonsense'; known keys: run, model, data"),
     (["run.steps=5", "optimizer.lr_milestones=[9, 3]"], "must be increasing"),
     (["run.steps=5", "optimizer.lr_warmup_steps=-1"], r"optimizer.lr_warmup_steps=-1: must be >= 0"),
@@ -103,7 +103,7 @@ def test_set_parses_yaml_values_without_eval():
      "compression.controller=accordion needs a sparsifier"),
     # issue 14: overlap with backward
     (["run.steps=5", "compression.controller=dense", "compression.overlap=true"],
-     "compression.overlap=True: applies to gravac's optimizer"),
+     "compression.overlap=true: applies to gravac's optimizer"),
     (["run.steps=5", "compression.controller=static", "compression.compressor=powersgd",
       "compression.rank=2", "compression.overlap=true"], "PowerSGD's rounds"),
     (["run.steps=5", "compression.overlap=true", "compression.bucket_cap_mb=0"],
