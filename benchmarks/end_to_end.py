@@ -4,8 +4,8 @@ compressors, Accordion, GraVAC, controller: auto), ranks in bandwidth-limited ne
 namespaces, on Horovod (horovodrun) and/or torch.distributed (torchrun).
 
 For each rate (default 1gbit and 100mbit) it trains the same workload, with the same seed,
-data and step count, once per method, inside hvd_scripts/bandwidth_sandbox.sh. Workloads
-(--workload): ``lstm`` (configs/benchmarks/e2e_lstm_zipf.yaml: a 2-layer LSTM with a
+data and step count, once per method, inside hvd_scripts/bandwidth_sandbox.sh (rate
+``none``: on the host's plain loopback, no sandbox). Workloads (--workload): ``lstm`` (configs/benchmarks/e2e_lstm_zipf.yaml: a 2-layer LSTM with a
 20,000-word vocabulary on generated text with Zipf word frequencies, 5.4M parameters; the
 default), ``wide_cnn`` (configs/benchmarks/e2e_wide_cnn.yaml: a communication-bound CNN
 on generated images with 40% label noise) and ``resnet18`` (configs/benchmarks/
@@ -31,14 +31,18 @@ says whether a target is met or only touched.
 gravac. Each backend's ratios are to its own dense run; with both backends a last table
 compares each method's samples/s across them (torch / horovod), in the same invocation.
 
-Needs the rights to create network namespaces (root). Each run's directory, a results.md
-and results.json, and a gravac.report per rate (dense as baseline) go under --out.
+A rate other than none needs the rights to create network namespaces (root). Each run's
+directory, a results.md and results.json, and a gravac.report per rate (dense as baseline)
+go under --out. A run that fails does not stop the others: the failures are listed at the
+end (and in results.md), the exit status is 1 and no result set is kept; where dense
+fails, the rest of its rate and backend is not run (nothing to compare with).
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import json
+import re
 import statistics
 import subprocess
 import sys
@@ -198,6 +202,29 @@ METHODS: dict[str, tuple[str, list[str]]] = {
 
 
 BACKENDS = ("horovod", "torch")
+#: The first steps summarize() leaves out of samples/s (start-up: the first collectives
+#: connect, caches warm); a run needs more steps than this.
+WARMUP_STEPS = 10
+
+_RATE = re.compile(r"^(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit)$")
+_SCALE = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
+
+
+def bits_per_second(rate: str) -> float | None:
+    """``1gbit`` -> 1e9; ``none`` -> None (no link limit: the host's plain loopback, no
+    sandbox). The spellings are those hvd_scripts/bandwidth_sandbox.sh hands to tc; anything
+    else (or a rate of 0) raises ValueError, for the caller to name its option.
+
+    >>> bits_per_second("100mbit"), bits_per_second("none")
+    (100000000.0, None)
+    """
+    if rate == "none":
+        return None
+    m = _RATE.match(rate)
+    if not m or float(m.group(1)) == 0:
+        raise ValueError(f"{rate!r} not understood; use e.g. 100mbit, 1gbit, 10gbit, or none "
+                         "for the host's plain loopback")
+    return float(m.group(1)) * _SCALE[m.group(2)]
 
 
 def launcher(backend: str, np_: int, hosts: int = 1) -> list[str]:
@@ -272,18 +299,33 @@ def run_one(method: str, rate: str, steps: int, out: Path, np_: int, extra: list
     print(f"  {rate:>8} {backend:<8} {method:<18} {'ok' if code == 0 else f'FAILED ({code})'} "
           f"in {time.time() - t0:.0f}s (log: {log})", flush=True)
     if code != 0:
-        raise RuntimeError(f"{method} at {rate} failed; see {log}")
+        raise RunFailed(f"{method} at {rate} on {backend} failed (exit status {code}); "
+                        f"see {log}")
     return run_dir
+
+
+class RunFailed(Exception):
+    """A run that did not train, or whose directory cannot be summarized; the message is
+    one line naming the method and its log or directory."""
 
 
 def load(run_dir: Path) -> dict:
     """A run's step and window records and its last evaluation, read and checked by
-    gravac's one reader of run directories (``gravac.report.load_run``)."""
+    gravac's one reader of run directories (``gravac.report.load_run``); RunFailed, naming
+    the directory, where it cannot be read or is too short to summarize."""
     # Imported here: the tables and --help need neither torch nor matplotlib.
     from gravac.report import load_run
     from gravac.report.stats import exploration
 
-    run = load_run(run_dir)
+    from gravac.report.load import RunLoadError
+
+    try:
+        run = load_run(run_dir)
+    except RunLoadError as exc:
+        raise RunFailed(str(exc)) from None
+    if len(run.steps) <= WARMUP_STEPS:
+        raise RunFailed(f"{run_dir}: {len(run.steps)} step records; a summary needs more than "
+                        f"the {WARMUP_STEPS} warm-up steps it leaves out")
     cost = exploration(run)
     return {"steps": run.steps, "windows": run.windows,
             "eval": run.evals[-1] if run.evals else {},
@@ -299,7 +341,7 @@ def smoothed(steps: list[dict], width: int = 10) -> list[float]:
             for i in range(len(losses))]
 
 
-def summarize(run: dict, target: float, warmup: int = 10) -> dict:
+def summarize(run: dict, target: float, warmup: int = WARMUP_STEPS) -> dict:
     steps = run["steps"]
     s0, s1 = steps[warmup], steps[-1]
     samples_per_step = s1["samples_per_sec"] * s1["t_iter"] if s1.get("samples_per_sec") else None
@@ -358,10 +400,12 @@ def table(rate: str, results: dict[str, dict], target: float, backend: str) -> s
             f"| {next(iter(r['eval'].values())):.4g} | {r['floats_ratio']:.4f} |")
     for name in (n for n in results if n.startswith("gravac")):
         g = results[name]
-        if g.get("chosen"):
-            # controller: auto: what it ran, and which method it chose at which step.
+        if g.get("methods"):
+            # controller: auto (its step records name the method they ran): what it ran,
+            # and which method it chose at which step (none in a run shorter than its trials).
             lines += ["", f"{name}: steps per method: {g['methods']}; chosen (step: method): "
-                      + ", ".join(f"{step}: {method}" for step, method in g["chosen"])]
+                      + (", ".join(f"{step}: {method}" for step, method in g["chosen"])
+                         or "none yet")]
             if g.get("exploration"):
                 from gravac.report.stats import Exploration
                 from gravac.report.summary import exploration_line
@@ -460,26 +504,34 @@ def round_dir(out: Path, round_: int, rounds: int) -> Path:
     return out if rounds == 1 else out / f"round{round_}"
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--rates", nargs="+", default=["1gbit", "100mbit"], metavar="RATE",
-                        help="link rates, tc's syntax (default: 1gbit 100mbit)")
+                        help="link rates, tc's syntax (100mbit, 1gbit, 10gbit: each run inside "
+                             "hvd_scripts/bandwidth_sandbox.sh, which needs root), or none: "
+                             "the host's plain loopback, no sandbox, no root (default: 1gbit "
+                             "100mbit)")
     parser.add_argument("--workload", choices=list(WORKLOADS), default="lstm")
     parser.add_argument("--steps", type=int, default=None,
-                        help="steps per run (default: " + ", ".join(
+                        help=f"steps per run, more than the {WARMUP_STEPS} warm-up steps the "
+                             "summary leaves out (default: " + ", ".join(
                             f"{steps} for {name}" for name, (_, _, steps) in WORKLOADS.items())
                         + ")")
-    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS),
+    parser.add_argument("--methods", nargs="+", default=None, choices=list(METHODS),
                         metavar="METHOD",
-                        help="what to run (default: every one): " + ", ".join(METHODS))
-    parser.add_argument("--np", type=int, default=2)
+                        help="what to run, dense among them (default: every one; with "
+                             "--summarize-only, every one with a run under --out): "
+                             + ", ".join(METHODS))
+    parser.add_argument("--np", type=int, default=2, help="ranks per run (default: 2)")
     parser.add_argument("--hosts", type=int, default=1,
                         help="sandbox hosts (hvd_scripts/cluster_sandbox.sh) the --np ranks "
                              "are spread over, --np/--hosts per host; 1: one host, its "
                              "loopback limited to the rate (default)")
     parser.add_argument("--backend", nargs="+", default=["horovod"], choices=BACKENDS,
                         help="transports to run every method on (default: horovod)")
-    parser.add_argument("--out", type=Path, default=REPO / "runs/benchmarks/e2e")
+    parser.add_argument("--out", type=Path, default=REPO / "runs/benchmarks/e2e",
+                        help="where the runs, results.md and results.json go (default: "
+                             "runs/benchmarks/e2e)")
     parser.add_argument("--rounds", type=int, default=1,
                         help="run every method this many times, alternating the order, and "
                              "report each method's ratios per round, median and range")
@@ -487,24 +539,42 @@ def main() -> int:
                         help="do not train: summarize the runs already under --out")
     add_set_option(parser, dest="extra", help="extra train.py overrides for every run")
     result_set.add_argument(parser)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.result_set:
         result_set.check_name(args.result_set)
+    if args.np < 1:
+        parser.error(f"argument --np: must be >= 1, got {args.np}")
     if args.hosts < 1 or args.np % args.hosts:
         parser.error(f"--hosts {args.hosts} must be >= 1 and divide --np {args.np}")
-    if "dense" not in args.methods:
-        parser.error("--methods must include dense: every ratio is to the dense run")
+    for rate in args.rates:
+        try:
+            bits_per_second(rate)
+        except ValueError as exc:
+            parser.error(f"argument --rates: {exc}")
+    if args.hosts > 1 and "none" in args.rates:
+        parser.error(f"--rates none (the host's plain loopback) is one host: --hosts "
+                     f"{args.hosts} needs the sandbox's links, a rate such as 1gbit")
     if args.rounds < 1:
         parser.error(f"argument --rounds: must be >= 1, got {args.rounds}")
-    methods = ["dense"] + [m for m in args.methods if m != "dense"]
-    workload = WORKLOADS[args.workload][0]
-    args.steps = args.steps or WORKLOADS[args.workload][2]
+    if args.steps is None:
+        args.steps = WORKLOADS[args.workload][2]
+    if args.steps <= WARMUP_STEPS:
+        parser.error(f"argument --steps: {args.steps} must exceed the {WARMUP_STEPS} warm-up "
+                     "steps the summary leaves out")
+    chosen = args.methods is not None
+    asked = args.methods if chosen else list(METHODS)
+    if "dense" not in asked:
+        parser.error("--methods must include dense: every ratio is to the dense run")
+    methods = ["dense"] + [m for m in asked if m != "dense"]
     backends = list(dict.fromkeys(args.backend))
+    if args.summarize_only:
+        methods = existing_methods(parser, args, methods, backends, chosen)
+    workload = WORKLOADS[args.workload][0]
     layout = f"{args.np} ranks" + (f" on {args.hosts} hosts" if args.hosts > 1 else "")
     print(f"end-to-end: {len(methods)} methods x {len(args.rates)} rates x {len(backends)} "
           f"backends x {args.rounds} rounds, {args.steps} steps, {layout}, workload {workload}",
           flush=True)
-    sections, everything, rounds = [], {}, {}
+    sections, everything, rounds, failed = [], {}, {}, []
     for round_ in range(1, args.rounds + 1):
         out = round_dir(args.out, round_, args.rounds)
         if args.rounds > 1:
@@ -514,6 +584,7 @@ def main() -> int:
         order = methods if round_ % 2 else methods[::-1]
         part = run_round(args, methods, order, backends, out)
         sections += part["sections"]
+        failed += part["failed"]
         for rate, by_backend in part["everything"].items():
             for backend, result in by_backend.items():
                 key = f"round{round_}" if args.rounds > 1 else None
@@ -524,6 +595,8 @@ def main() -> int:
     for (rate, backend), per_round in rounds.items():
         sections.append(rounds_table(rate, backend, per_round))
         print("\n" + sections[-1] + "\n", flush=True)
+    if failed:
+        sections.append("### Failed runs\n\n" + "\n".join(f"- {f}" for f in failed))
     from gravac.util.atomic import atomic_write_text
 
     header = (f"# End-to-end results\n\n{len(methods)} methods, {args.steps} steps, {layout},"
@@ -531,17 +604,45 @@ def main() -> int:
               f"command `{' '.join(sys.argv)}`\n\n")
     atomic_write_text(args.out / "results.md", header + "\n\n".join(sections) + "\n")
     atomic_write_text(args.out / "results.json", json.dumps(everything, indent=1, default=str))
-    result_set.keep(args.result_set, [args.out / "results.json", args.out / "results.md"])
     print(f"results: {args.out / 'results.md'}; reports: {args.out}/.../<rate>/<backend>/report/"
           "report.md")
+    if failed:
+        # A set is the measurement as a whole: one with runs missing is not kept.
+        kept = f"; not kept as result set {args.result_set}" if args.result_set else ""
+        for line in failed:
+            print(f"end_to_end.py: {line}", file=sys.stderr)
+        print(f"end_to_end.py: {len(failed)} run(s) failed{kept}", file=sys.stderr)
+        return 1
+    result_set.keep(args.result_set, [args.out / "results.json", args.out / "results.md"])
     return 0
+
+
+def existing_methods(parser: argparse.ArgumentParser, args, methods: list[str],
+                     backends: list[str], chosen: bool) -> list[str]:
+    """For --summarize-only: ``methods`` as asked (``chosen``: every one must have its run
+    under --out) or, by default, those with a run under --out, dense always; a missing run
+    is refused in one line naming its directory, before any table."""
+    wanted = [(m, run_dir_of(round_dir(args.out, r, args.rounds), rate, backend, m))
+              for r in range(1, args.rounds + 1) for rate in args.rates for backend in backends
+              for m in methods if not (torch_only(m) and backend != "torch")]
+    missing = [(m, d) for m, d in wanted if not d.is_dir() and (chosen or m == "dense")]
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        parser.error(f"--summarize-only: no run {missing[0][1]}{more}; train it first"
+                     + (", or leave its method out of --methods" if chosen else ""))
+    present = {m for m, d in wanted if d.is_dir()}
+    return [m for m in methods if m in present]
 
 
 def run_round(args, methods: list[str], order: list[str], backends: list[str],
               out: Path) -> dict:
     """Every method at every rate and backend once (in ``order``), under ``out``; returns
-    the tables ("sections") and summaries ("everything": rate -> backend -> target, runs)."""
-    sections, everything = [], {}
+    the tables ("sections"), summaries ("everything": rate -> backend -> target, runs) and
+    the runs that failed ("failed": one line each). A failed run does not stop the round:
+    the others' hours of measurement are kept, and main reports it at the end; a failed
+    dense run leaves its rate and backend without a baseline, so the methods after it
+    there are not run."""
+    sections, everything, failed = [], {}, []
     for rate in args.rates:
         by_backend = {}
         for backend in backends:
@@ -551,10 +652,24 @@ def run_round(args, methods: list[str], order: list[str], backends: list[str],
                     print(f"  {rate:>8} {backend:<8} {method:<18} skipped: a DDP hook runs on "
                           "torch.distributed only (--backend torch)", flush=True)
                     continue
-                run_dir = (run_dir_of(out, rate, backend, method) if args.summarize_only
-                           else run_one(method, rate, args.steps, out, args.np, args.extra,
-                                        args.workload, backend, hosts=args.hosts))
-                runs[method] = load(run_dir)
+                if args.summarize_only and not run_dir_of(out, rate, backend, method).is_dir():
+                    continue              # not asked for by name, and not run here
+                try:
+                    run_dir = (run_dir_of(out, rate, backend, method) if args.summarize_only
+                               else run_one(method, rate, args.steps, out, args.np, args.extra,
+                                            args.workload, backend,
+                                            sandbox=bits_per_second(rate) is not None,
+                                            hosts=args.hosts))
+                    runs[method] = load(run_dir)
+                except RunFailed as exc:
+                    failed.append(str(exc))
+                    if method == "dense":
+                        print(f"  {rate:>8} {backend:<8} dense failed: the other methods at "
+                              "this rate and backend are not run (every ratio is to dense)",
+                              flush=True)
+                        break
+            if "dense" not in runs:
+                continue
             results = {m: runs[m] for m in methods if m in runs}      # dense first
             dense_steps = results["dense"]["steps"]
             target = smoothed(dense_steps)[int(0.8 * len(dense_steps)) - 1]
@@ -575,7 +690,7 @@ def run_round(args, methods: list[str], order: list[str], backends: list[str],
         if peers:
             sections.append(peers)
             print("\n" + peers + "\n", flush=True)
-    return {"sections": sections, "everything": everything}
+    return {"sections": sections, "everything": everything, "failed": failed}
 
 
 if __name__ == "__main__":

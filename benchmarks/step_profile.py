@@ -28,13 +28,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from end_to_end import BACKENDS, METHODS, REPO, WORKLOADS, run_one  # noqa: E402
+from end_to_end import (BACKENDS, METHODS, REPO, WORKLOADS, RunFailed,  # noqa: E402
+                        bits_per_second, run_one)
 import result_set  # noqa: E402
 
 sys.path.insert(0, str(REPO))
@@ -43,21 +43,6 @@ from gravac.engine.run_record import SENT_SKIPPED, STEP_TIME_FIELDS  # noqa: E40
 from gravac.report import load_rank_steps, load_run  # noqa: E402
 from gravac.report.stats import TIME_COLUMNS  # noqa: E402
 from gravac.util.overrides import add_set_option  # noqa: E402
-
-_RATE = re.compile(r"^(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit)$")
-_SCALE = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
-
-
-def bits_per_second(rate: str) -> float | None:
-    """``1gbit`` -> 1e9; ``none`` -> None (no link limit)."""
-    if rate == "none":
-        return None
-    m = _RATE.match(rate)
-    if not m:
-        raise SystemExit(f"step_profile.py: --rate {rate!r} not understood; use e.g. 100mbit, "
-                         "1gbit, 10gbit or none")
-    return float(m.group(1)) * _SCALE[m.group(2)]
-
 
 def profile(steps: list[dict], warmup: int, rate_bps: float | None, np_: int = 2) -> dict:
     """Median milliseconds of each phase over the steps after ``warmup``; the floor
@@ -155,7 +140,7 @@ def rank_table(results: dict[str, dict], title: str) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--workload", choices=list(WORKLOADS), default="lstm")
     parser.add_argument("--methods", nargs="+", default=["static_topk_40x", "gravac_recommended"],
                         choices=list(METHODS), metavar="METHOD",
@@ -166,7 +151,7 @@ def main() -> int:
                              "host's loopback (no root needed)")
     parser.add_argument("--steps", type=int, default=100, help="steps per run (default: 100)")
     parser.add_argument("--warmup", type=int, default=20, help="steps left out of the medians")
-    parser.add_argument("--np", type=int, default=2)
+    parser.add_argument("--np", type=int, default=2, help="ranks per run (default: 2)")
     parser.add_argument("--backend", default="horovod", choices=BACKENDS)
     parser.add_argument("--out", type=Path, default=REPO / "runs/benchmarks/step_profile")
     parser.add_argument("--rounds", type=int, default=1,
@@ -181,7 +166,12 @@ def main() -> int:
         result_set.check_name(args.result_set)
     if args.steps <= args.warmup:
         parser.error(f"--steps ({args.steps}) must exceed --warmup ({args.warmup})")
-    rate_bps = bits_per_second(args.rate)
+    if args.np < 1:
+        parser.error(f"argument --np: must be >= 1, got {args.np}")
+    try:
+        rate_bps = bits_per_second(args.rate)
+    except ValueError as exc:
+        parser.error(f"argument --rate: {exc}")
     if args.rounds < 1:
         parser.error(f"--rounds must be >= 1, got {args.rounds}")
     if args.all_ranks:
@@ -192,8 +182,11 @@ def main() -> int:
     for round_ in range(args.rounds):
         out = args.out if args.rounds == 1 else args.out / f"round{round_ + 1}"
         for method in args.methods:
-            run_dir = run_one(method, args.rate, args.steps, out, args.np, args.extra,
-                              args.workload, args.backend, sandbox=rate_bps is not None)
+            try:
+                run_dir = run_one(method, args.rate, args.steps, out, args.np, args.extra,
+                                  args.workload, args.backend, sandbox=rate_bps is not None)
+            except RunFailed as exc:      # every table compares the methods: stop here
+                raise SystemExit(f"step_profile.py: {exc}") from None
             steps = load_run(run_dir).steps
             pooled[method] += steps
             for rank, records in load_rank_steps(run_dir).items():
