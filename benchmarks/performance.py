@@ -52,8 +52,70 @@ def peer_name(method: str, backend: str | None = None) -> str:
     return (HOROVOD_PEER_NAMES if backend == "horovod" else PEER_NAMES).get(method, method)
 
 
+#: What each kind of section renders from its sets' folders, and the keys its entries need
+#: (a ``readme`` entry is a ``choose`` one: the same keys, the same file).
+KIND_FILES = {"e2e": ("results.json",), "choose": ("results.json",), "table": (),
+              "gpu": ("gpu_step.json", "compressors.json", "batched_paths.json"), "text": ()}
+KIND_KEYS = {"e2e": ("set", "workload", "link"), "choose": ("set", "workload", "link", "gravac"),
+             "table": ("set",), "gpu": ("set",), "text": ()}
+
+
 def load_current() -> dict:
-    return yaml.safe_load((RESULTS / "current.yaml").read_text())
+    """current.yaml, checked (``check_current``): a bad one stops in one line naming it."""
+    path = RESULTS / "current.yaml"
+    try:
+        current = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise SystemExit(f"{path.relative_to(REPO)}: {' '.join(str(exc).split())}") from None
+    check_current(current)
+    return current
+
+
+def check_current(current, root: Path | None = None) -> None:
+    """Every entry of current.yaml of the shape its section renders, naming a result set
+    that holds what it reads; else SystemExit, one line naming the entry (before anything
+    is rendered, not a KeyError or a missing file halfway through)."""
+    root = RESULTS if root is None else root
+    where = "docs/results/current.yaml"
+
+    def fail(entry_name: str, problem: str):
+        raise SystemExit(f"{where}: {entry_name}: {problem}")
+
+    def check_entry(name: str, entry, kind: str) -> None:
+        if not isinstance(entry, dict):
+            fail(name, f"{entry!r} is not a mapping; write it as {{set: NAME, ...}}")
+        missing = [k for k in KIND_KEYS[kind] if k not in entry]
+        if missing:
+            fail(name, f"needs {', '.join(missing)} (a {kind} entry has "
+                       f"{', '.join(KIND_KEYS[kind])})")
+        if "gravac" in KIND_KEYS[kind] and (not isinstance(entry["gravac"], list)
+                                            or not entry["gravac"]):
+            fail(name, f"gravac: {entry['gravac']!r} is not a list of end_to_end.py methods")
+        folder = root / str(entry["set"])
+        if not folder.is_dir():
+            fail(name, f"no result set docs/results/{entry['set']}/ (a typo, or "
+                       "a set not kept yet: benchmarks/result_set.py)")
+        files = KIND_FILES[kind] + ((entry.get("file", "results.md"),) if kind == "table" else ())
+        for file in files:
+            if not (folder / file).is_file():
+                fail(name, f"set {entry['set']} has no {file} (a {kind} section reads it)")
+
+    if not isinstance(current, dict) or not isinstance(current.get("sections"), list) \
+            or not isinstance(current.get("readme"), list):
+        fail("top level", "needs the lists readme: and sections:")
+    for i, entry in enumerate(current["readme"]):
+        check_entry(f"readme entry {i + 1}", entry, "choose")
+    for i, section in enumerate(current["sections"]):
+        name = f"section {i + 1}"
+        if not isinstance(section, dict) or section.get("kind") not in KIND_KEYS \
+                or not section.get("title"):
+            fail(name, f"needs a title and a kind ({', '.join(KIND_KEYS)})")
+        name = f"section {i + 1} ({section['title']!r})"
+        sets = section.get("sets", [])
+        if not isinstance(sets, list) or (section["kind"] != "text" and not sets):
+            fail(name, "sets: must be a list of entries")
+        for j, entry in enumerate(sets):
+            check_entry(f"{name}, set {j + 1}", entry, section["kind"])
 
 
 def _link(name: str, from_readme: bool = False) -> str:
@@ -267,7 +329,7 @@ def readme_with_table(current: dict, readme: str) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--check", action="store_true",
                         help="exit 1 if docs/PERFORMANCE.md or README's table is stale")
     args = parser.parse_args(argv)

@@ -56,3 +56,28 @@ def test_a_one_round_set_is_read_as_its_one_round():
     table = "\n".join(performance.e2e_table({"set": one, "workload": "ResNet-18",
                                              "link": "100 Mbit/s"}))
     assert "1 round; the fastest peer to dense's target loss: DDP PowerSGD rank 4." in table
+
+
+def test_the_current_sets_check():
+    performance.check_current(performance.load_current())
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda c: c["readme"].insert(0, {**c["readme"][0], "set": "no_such_set_2026-01-01"}),
+     "readme entry 1: no result set docs/results/no_such_set_2026-01-01/"),
+    (lambda c: c["readme"].append("no_such_set"),
+     "'no_such_set' is not a mapping; write it as {set: NAME, ...}"),
+    (lambda c: c["readme"][0].pop("gravac"), "readme entry 1: needs gravac"),
+    (lambda c: c["sections"][1]["sets"].append({"set": SET, "file": "nothing.md"}),
+     "section 2 ('Compressors against one pass over the tensor'), set 2: set "
+     f"{SET} has no nothing.md"),
+    (lambda c: c["sections"].append({"title": "x", "kind": "plot"}),
+     "needs a title and a kind (e2e, choose, table, gpu, text)"),
+])
+def test_a_bad_entry_of_current_yaml_is_named_in_one_line(change, message):
+    current = performance.load_current()
+    change(current)
+    with pytest.raises(SystemExit) as stop:
+        performance.check_current(current)
+    assert message in str(stop.value) and "\n" not in str(stop.value)
+    assert str(stop.value).startswith("docs/results/current.yaml: ")
