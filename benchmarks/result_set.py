@@ -94,17 +94,28 @@ def write_result_set(name: str, command: str, files: list[Path],
                      origin: dict[str, str] | None = None) -> Path:
     """Make ``root/name`` with ``files`` (and ``texts``: file name -> content) and its
     README header (``origin``: the provenance to state, by default the present one);
-    refuse an existing set, a bad name or a missing file (before anything is written)."""
+    refuse an existing set, a bad name, an empty command, a missing file, a directory or a
+    file named README.md (the set's own), before anything is written."""
     root = RESULTS if root is None else root
     check_name(name, root)
     folder = root / name
     texts = texts or {}
+    if not command.strip():
+        raise SystemExit("result_set.py: --command is empty; give the command that wrote the "
+                         "files, as typed")
+    folders = [str(f) for f in files if f.is_dir()]
+    if folders:
+        raise SystemExit(f"result_set.py: {', '.join(folders)}: a directory, not a file; name "
+                         "the files in it")
     missing = [str(f) for f in files if not f.is_file()]
     if missing:
         raise SystemExit(f"result_set.py: no such file: {', '.join(missing)}")
     names = [f.name for f in files] + list(texts)
     if len(set(names)) != len(names):
         raise SystemExit("result_set.py: two files share a name; copy one under another name")
+    if "README.md" in names:
+        raise SystemExit("result_set.py: a kept file is named README.md, the name of the set's "
+                         "own README; copy it under another name")
     p = origin or provenance()
     folder.mkdir(parents=True)
     for f in files:
@@ -194,7 +205,7 @@ def keep(name: str | None, files: list[Path],
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("name", metavar="NAME", help="<workload>_<machine>_<date>")
     parser.add_argument("--command", required=True, help="the command that wrote the files")
     parser.add_argument("files", nargs="+", type=Path, metavar="FILE")

@@ -23,18 +23,25 @@ def test_a_result_set_holds_its_files_and_their_provenance(tmp_path):
     assert " cores" in readme and "\n    python bench.py --x\n" in readme
 
 
-@pytest.mark.parametrize("name, files, message", [
-    ("bad name", ["a"], "NAME 'bad name'"),
-    ("ok", ["missing.json"], "no such file"),
-    ("exists", ["a"], "is never edited"),
+@pytest.mark.parametrize("name, files, command, message", [
+    ("bad name", ["a"], "cmd", "NAME 'bad name'"),
+    ("ok", ["missing.json"], "cmd", "no such file"),
+    ("exists", ["a"], "cmd", "is never edited"),
+    ("ok", ["a", "run"], "cmd", "run: a directory, not a file; name the files in it"),
+    ("ok", ["a", "README.md"], "cmd", "a kept file is named README.md"),
+    ("ok", ["a"], " ", "--command is empty"),
 ])
-def test_bad_input_is_refused_before_anything_is_written(tmp_path, name, files, message):
+def test_bad_input_is_refused_before_anything_is_written(tmp_path, name, files, command,
+                                                         message):
     (tmp_path / "a").write_text("x")
+    (tmp_path / "README.md").write_text("the benchmark's own notes")
+    (tmp_path / "run").mkdir()
     root = tmp_path / "results"
     (root / "exists").mkdir(parents=True)
     before = sorted(p.name for p in root.iterdir())
-    with pytest.raises(SystemExit, match=message):
-        result_set.write_result_set(name, "cmd", [tmp_path / f for f in files], root=root)
+    with pytest.raises(SystemExit, match=message) as stop:
+        result_set.write_result_set(name, command, [tmp_path / f for f in files], root=root)
+    assert "\n" not in str(stop.value)
     assert sorted(p.name for p in root.iterdir()) == before
 
 
