@@ -49,6 +49,9 @@ import result_set
 from timing import cuda_times, median_time
 
 TARGETS = {"randomk": 0.5, "dgc": 2.5, "redsync": 5.0, "topk": 4.0}
+#: What --compressors may name on any device: the registry's sparsifiers (select(x, k));
+#: PowerSGD is low rank, it selects nothing.
+SPARSIFIERS = tuple(name for name, cls in compressors.REGISTRY.items() if not cls.is_lowrank)
 #: Pseudo-compressor: torch.topk over |x| (the exact reference), for comparison.
 TORCH_TOPK = "torch.topk"
 #: Pseudo-compressor: Top-k whose candidates come from the Triton kernels, sampled path
@@ -57,6 +60,8 @@ TRITON_TOPK = "topk[triton]"
 #: Pseudo-compressor: Top-k with torch's candidate pass (``device_candidates="torch"``),
 #: what "topk" (its default "auto": Triton's kernels on a CUDA GPU) is measured against.
 TORCH_PASS_TOPK = "topk[torch pass]"
+#: The pseudo-compressors, measured on the GPU only.
+CUDA_ONLY = (TORCH_TOPK, TRITON_TOPK, TORCH_PASS_TOPK)
 #: (compressor, n, CF) -> most multiples of one pass allowed on the GPU.
 CUDA_TOPK_TARGET = 2.5
 CUDA_TARGETS = {(name, 100_000_000, 100): CUDA_TOPK_TARGET
@@ -245,20 +250,39 @@ def print_cuda(header, rows, phases):
                   + ("met" if r["met"] else "MISSED"))
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None):
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--sizes", type=int, nargs="+", default=None,
                         help="default: 1M 10M on cpu, 10M 30M 100M on cuda")
-    parser.add_argument("--cfs", type=float, nargs="+", default=[10, 100, 1000])
-    parser.add_argument("--compressors", nargs="+", default=None,
-                        help=f"default: topk dgc redsync randomk (cuda: also {TORCH_TOPK}, "
-                             f"and {TRITON_TOPK} where Triton is installed)")
+    parser.add_argument("--cfs", type=float, nargs="+", default=[10, 100, 1000],
+                        help="compression factors, each >= 1 (default: 10 100 1000)")
+    parser.add_argument("--compressors", nargs="+", default=None, metavar="NAME",
+                        help=f"sparsifiers: {', '.join(SPARSIFIERS)}; cuda also "
+                             f"{', '.join(CUDA_ONLY)} (default: topk dgc redsync randomk; "
+                             f"cuda: also {TORCH_TOPK}, {TORCH_PASS_TOPK}, and {TRITON_TOPK} "
+                             "where Triton is installed)")
     parser.add_argument("--repeats", type=int, default=None, help="default: 7 cpu, 25 cuda")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json", metavar="PATH", help="also write every row to PATH")
     result_set.add_argument(parser)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    valid = SPARSIFIERS + (CUDA_ONLY if args.device == "cuda" else ())
+    for name in args.compressors or []:
+        if name not in valid:
+            why = (" here: it is measured with --device cuda only" if name in CUDA_ONLY else
+                   " (low rank: it selects no entries; benchmarks/scaling measures it)"
+                   if name in compressors.REGISTRY else "")
+            parser.error(f"argument --compressors: {name!r} is not a sparsifier{why}; "
+                         f"choose from {', '.join(valid)}")
+    if any(not cf >= 1 for cf in args.cfs):
+        parser.error(f"argument --cfs: each must be >= 1 (1 = dense), got "
+                     f"{' '.join(f'{cf:g}' for cf in args.cfs)}")
+    if args.json and not Path(args.json).resolve().parent.is_dir():
+        parser.error(f"argument --json: no folder {Path(args.json).parent} to write "
+                     f"{Path(args.json).name} in")
+    if args.json and Path(args.json).is_dir():
+        parser.error(f"argument --json: {args.json} is a directory; give a file's path")
     if args.result_set:
         result_set.check_name(args.result_set)
     with result_set.recording_stdout() as printed:

@@ -182,16 +182,20 @@ def best_split(rows: list[dict], epsilon: float) -> dict:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--workloads", nargs="+", choices=list(WORKLOADS),
                         default=list(WORKLOADS))
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--measure", type=int, default=30,
                         help="the gains of the last this many steps are summed")
     parser.add_argument("--methods", nargs="+", default=["powersgd:4", "sparse:10", "sparse:40"])
-    parser.add_argument("--epsilon", type=float, default=0.7)
+    parser.add_argument("--epsilon", type=float, default=0.7,
+                        help="the gain a split must reach, in (0, 1] (default: 0.7)")
     result_set.add_argument(parser)
     args = parser.parse_args(argv)
+    if not 0 < args.epsilon <= 1:
+        parser.error(f"argument --epsilon: must be in (0, 1] (a share of the energy), got "
+                     f"{args.epsilon:g}")
     if not 1 <= args.measure <= args.steps:
         parser.error(f"--measure {args.measure}: must be in [1, --steps={args.steps}]")
     for text in args.methods:

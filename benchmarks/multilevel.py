@@ -32,6 +32,11 @@ from gravac.models import build_model
 import result_set
 from timing import median_time as timed
 
+#: Compressors with two levels to compare: the registry's sparsifiers but "none" (it
+#: keeps everything, and the static controller of part 2 refuses it).
+TWO_LEVEL = tuple(name for name, cls in compressors.REGISTRY.items()
+                  if not cls.is_lowrank and name != "none")
+
 MODELS = {
     "resnet101": dict(name="resnet101", num_classes=10),
     "vgg16": dict(name="vgg16", num_classes=100),
@@ -131,18 +136,28 @@ def part2(models, names, theta_min, theta_c, repeats, min_numel):
     return rows
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None):
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
-    parser.add_argument("--compressors", nargs="+", default=["topk", "dgc", "redsync", "randomk"])
-    parser.add_argument("--theta-min", type=float, default=10)
-    parser.add_argument("--theta-c", type=float, default=1000)
+    parser.add_argument("--compressors", nargs="+", default=list(TWO_LEVEL),
+                        choices=TWO_LEVEL, metavar="NAME",
+                        help=f"sparsifiers, both levels (default: {' '.join(TWO_LEVEL)})")
+    parser.add_argument("--theta-min", type=float, default=10,
+                        help="the first level's CF, >= 1 (default: 10)")
+    parser.add_argument("--theta-c", type=float, default=1000,
+                        help="the second level's CF, >= --theta-min (default: 1000)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--min-compress-numel", type=int, default=1024)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--skip-overhead", action="store_true", help="only part 1")
     result_set.add_argument(parser)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    if not args.theta_min >= 1:
+        parser.error(f"argument --theta-min: must be >= 1 (1 = dense), got {args.theta_min:g}")
+    if not args.theta_c >= args.theta_min:
+        parser.error(f"argument --theta-c: {args.theta_c:g} is below --theta-min "
+                     f"{args.theta_min:g}; the second level compresses the first's values "
+                     "further")
     if args.result_set:
         result_set.check_name(args.result_set)
     torch.set_num_threads(args.threads)

@@ -62,7 +62,7 @@ class _Measuring(Static):
 def train(workload: str, method: str, steps: int | None) -> list[dict]:
     """One run of ``method`` (``Method.parse``'s text) on ``workload``: per step its loss,
     energy gain and lag (None for dense)."""
-    steps = steps or WORKLOADS[workload][2]
+    steps = WORKLOADS[workload][2] if steps is None else steps
     task, sgd = one_process(workload, steps)
     model = task.model
     m = Method.parse(method)
@@ -128,7 +128,7 @@ def table(workload: str, summaries: dict[str, dict], lag: float, epsilon: float)
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--workloads", nargs="+", choices=list(WORKLOADS),
                         default=["lstm", "wide_cnn"])
     parser.add_argument("--methods", nargs="+",
@@ -142,6 +142,8 @@ def main(argv=None) -> int:
                         help="the ε the gain column compares with")
     result_set.add_argument(parser)
     args = parser.parse_args(argv)
+    if args.steps is not None and args.steps < 1:
+        parser.error(f"argument --steps: must be >= 1, got {args.steps}")
     for text in args.methods:
         try:
             Method.parse(text)

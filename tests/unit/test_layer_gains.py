@@ -66,3 +66,11 @@ def test_a_short_measurement_of_the_wide_cnn():
         assert all(0.0 <= r["gain"] <= 1.0 + 1e-9 for r in rows)
     topk = {r["layer"]: r for r in out["methods"]["sparse:10"]}
     assert topk["fc1.weight"]["sent_bytes"] == 8 * (1024 * 2048 // 10 + 1)
+
+
+@pytest.mark.parametrize("epsilon", ["0", "2", "-0.5"])
+def test_epsilon_outside_0_1_is_refused_before_training(epsilon, capsys):
+    with pytest.raises(SystemExit):
+        main(["--epsilon", epsilon, "--workloads", "wide_cnn"])
+    assert f"argument --epsilon: must be in (0, 1] (a share of the energy), got " \
+        f"{float(epsilon):g}" in capsys.readouterr().err

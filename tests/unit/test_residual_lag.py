@@ -43,3 +43,9 @@ def test_a_bad_method_is_refused_in_one_line(capsys):
     with pytest.raises(SystemExit):
         main(["--methods", "powersgd:x"])
     assert "--methods powersgd:x" in capsys.readouterr().err
+
+
+def test_steps_below_1_are_refused_not_read_as_the_default(capsys):
+    with pytest.raises(SystemExit):
+        main(["--steps", "0", "--workloads", "wide_cnn", "--methods", "dense"])
+    assert "argument --steps: must be >= 1, got 0" in capsys.readouterr().err

@@ -106,3 +106,24 @@ def test_the_cpu_benchmarks_run_and_refuse_a_taken_result_set(script, args, expe
                              capture_output=True, text=True, cwd=result_set.REPO)
     assert refused.returncode == 1 and "is never edited" in refused.stderr
     assert refused.stdout == ""                        # refused before measuring
+
+
+@pytest.mark.parametrize("script, args, message", [
+    ("compressors", ["--compressors", "nosuch"], "'nosuch' is not a sparsifier; choose from "
+                                                 "topk, dgc, redsync, randomk, none"),
+    ("compressors", ["--compressors", "powersgd"], "'powersgd' is not a sparsifier (low rank"),
+    ("compressors", ["--compressors", "torch.topk"], "with --device cuda only"),
+    ("compressors", ["--cfs", "10", "0"], "argument --cfs: each must be >= 1"),
+    ("compressors", ["--json", "/missing/dir/x.json"], "no folder /missing/dir to write x.json"),
+    ("multilevel", ["--compressors", "nosuch"], "invalid choice: 'nosuch'"),
+    ("multilevel", ["--compressors", "none"], "invalid choice: 'none'"),
+    ("multilevel", ["--theta-min", "100", "--theta-c", "10"], "10 is below --theta-min 100"),
+])
+def test_the_cpu_benchmarks_refuse_bad_options_in_one_line_before_measuring(
+        script, args, message, capsys):
+    bench = load_benchmark(script)
+    with pytest.raises(SystemExit) as stop:
+        bench.main(args)
+    assert stop.value.code == 2
+    out, err = capsys.readouterr()
+    assert message in err.splitlines()[-1] and out == ""
