@@ -1,5 +1,5 @@
 """The GPU step's batched paths against the per-layer loops they replace, each timed alone
-on the layer shapes of ResNet-101 (CIFAR-10 head) and the paper's LSTM:
+on the layer shapes of ResNet-101 (CIFAR-10 head) and the paper's LSTM. The paths:
 
 * the residual update of Top-k at 10x (``ResidualMemory.update_sparse``: one
   ``index_add_`` over the flat buffer of all layers, against ``update`` per layer);
@@ -132,7 +132,7 @@ def spreads(shapes, device, repeats: int) -> dict:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     parser.add_argument("--repeats", type=int, default=30)

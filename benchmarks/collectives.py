@@ -300,8 +300,10 @@ def merge_lockstep(per_rank: list[dict]) -> dict:
     return merged
 
 
-def main(argv=None) -> int:
-    parser = _OneLineParser(prog="collectives.py", description=__doc__.splitlines()[0])
+def main(argv=None, prog: str = "collectives.py") -> int:
+    """``prog``: the name --help and errors give the command (``benchmarks/scaling
+    measure-collectives`` runs this too)."""
+    parser = _OneLineParser(prog=prog, description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--out", type=Path, required=True, help="JSON written by rank 0")
     parser.add_argument("--link", default="unknown",
                         help="the link's rate as the sandbox was told (e.g. 1gbit); a label")

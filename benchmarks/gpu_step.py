@@ -355,7 +355,7 @@ def table(results: dict, device_name: str) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--models", nargs="+", default=["resnet101", "lstm"],
                         choices=list(MODELS))

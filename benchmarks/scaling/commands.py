@@ -302,4 +302,4 @@ def cmd_project(args) -> int:
 def cmd_measure_collectives(args, rest) -> int:
     from benchmarks.collectives import main as collectives_main
 
-    return collectives_main(rest)
+    return collectives_main(rest, prog=f"{PROG} measure-collectives")

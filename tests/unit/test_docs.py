@@ -93,3 +93,29 @@ def test_no_page_or_code_cites_the_retired_benchmarks_page():
               *(REPO / "benchmarks").rglob("*.py"), *(REPO / "configs").rglob("*.yaml")]
              if "BENCHMARKS.md" in p.read_text()]
     assert not cited, f"these cite docs/BENCHMARKS.md, which moved to docs/notes/: {cited}"
+
+
+@pytest.mark.parametrize("script, argv", [
+    ("collectives", []), ("performance", []), ("result_set", []), ("layer_gains", []),
+    ("residual_lag", []), ("compressors", []), ("multilevel", []), ("end_to_end", []),
+    ("scaling", ["measure-collectives"]),
+])
+def test_a_benchmarks_help_opens_with_its_whole_first_paragraph(script, argv, capsys):
+    """--help's description is the docstring's first paragraph, not its first line (a
+    wrapped sentence stopped mid-way), under the name the command was run by."""
+    if script == "scaling":       # its measure-collectives subcommand is collectives.py
+        load_benchmark("scaling")
+        import benchmarks.scaling.cli
+        main, doc = benchmarks.scaling.cli.main, load_benchmark("collectives").__doc__
+    else:
+        bench = load_benchmark(script)
+        main, doc = bench.main, bench.__doc__
+    with pytest.raises(SystemExit) as stop:
+        main([*argv, "--help"])
+    assert stop.value.code == 0
+    text = capsys.readouterr().out
+    if script in ("scaling", "collectives"):    # the others are named by sys.argv[0]
+        prog = "benchmarks/scaling measure-collectives" if argv else "collectives.py"
+        assert text.startswith(f"usage: {prog} ")
+    first = " ".join(doc.split("\n\n")[0].split())
+    assert first[-1] in ".?" and first in " ".join(text.split())

@@ -740,6 +740,9 @@ BAD_INPUT = [
     (["validate", "nowhere", "--calibration", "missing.json"], "--calibration"),
     (["calibrate", "missing.json"], "missing.json"),
     (["measure-compression", "--sizes", 0], "--sizes"),
+    (["project", "--n", "abc"], "argument --n: 'abc' is not a whole number"),
+    (["measure-collectives", "--out", "x.json", "--factor", 1],
+     "benchmarks/scaling measure-collectives: error: argument --factor: must be >= 2"),
 ]
 
 
