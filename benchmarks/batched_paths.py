@@ -1,5 +1,7 @@
 """The GPU step's batched paths against the per-layer loops they replace, each timed alone
-on the layer shapes of ResNet-101 (CIFAR-10 head) and the paper's LSTM. The paths:
+on the layer shapes of ResNet-101 (CIFAR-10 head) and the paper's LSTM.
+
+The paths:
 
 * the residual update of Top-k at 10x (``ResidualMemory.update_sparse``: one
   ``index_add_`` over the flat buffer of all layers, against ``update`` per layer);
