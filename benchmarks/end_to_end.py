@@ -5,9 +5,9 @@ namespaces, on Horovod (horovodrun) and/or torch.distributed (torchrun).
 
 For each rate (default 1gbit and 100mbit) it trains the same workload, with the same seed,
 data and step count, once per method, inside hvd_scripts/bandwidth_sandbox.sh (rate
-``none``: on the host's plain loopback, no sandbox). Workloads (--workload): ``lstm`` (configs/benchmarks/e2e_lstm_zipf.yaml: a 2-layer LSTM with a
-20,000-word vocabulary on generated text with Zipf word frequencies, 5.4M parameters; the
-default), ``wide_cnn`` (configs/benchmarks/e2e_wide_cnn.yaml: a communication-bound CNN
+``none``: on the host's plain loopback, no sandbox). Workloads (--workload): ``lstm``
+(configs/benchmarks/e2e_lstm_zipf.yaml: a 2-layer LSTM with a 20,000-word vocabulary on
+generated text with Zipf word frequencies, 5.4M parameters; the default), ``wide_cnn`` (configs/benchmarks/e2e_wide_cnn.yaml: a communication-bound CNN
 on generated images with 40% label noise) and ``resnet18`` (configs/benchmarks/
 e2e_resnet18.yaml: CIFAR-style ResNet-18, 11.2M parameters, on generated images). It
 prints per method, as ratios to the dense run of the same invocation and rate:
