@@ -14,8 +14,10 @@
 # holds a run is refused: add `-- --set run.overwrite=true` to replace it. `-- --resume`
 # continues a stopped series (the same command plus --resume): a run that finished its
 # steps is kept, one with a checkpoint continues from it, one without starts again, and
-# the runs not started yet start. A failing run does not stop the others; at the end the
-# script lists the failures and exits 1 (Ctrl-C stops the whole series).
+# the runs not started yet start. Every run's config and data are checked before any
+# starts: a problem is one line naming the runs it applies to, and exit 2. A failing run
+# does not stop the others; at the end the script lists the failures and exits 1
+# (Ctrl-C stops the whole series).
 set -euo pipefail
 
 compression_files() {

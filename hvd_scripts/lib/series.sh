@@ -1,6 +1,7 @@
 # Shared by run_baseline.sh, run_gravac.sh and run_accordion.sh (sourced, not run):
-# parse `MODEL_CONFIG [NP] [-- TRAIN_ARGS...]` and run one compression config after
-# another through run_single_node.sh, each in its own run directory.
+# parse `MODEL_CONFIG [NP] [-- TRAIN_ARGS...]`, check every run (gravac/sweep/check.py),
+# then run one compression config after another through run_single_node.sh, each in its
+# own run directory.
 #
 # The caller defines `compression_files MODEL_CONFIG` (prints repo-relative compression
 # configs, one per line) and then calls `run_series "${BASH_SOURCE[0]}" "$@"`.
@@ -59,6 +60,12 @@ run_series() {
     trap "echo '$name: interrupted' >&2; exit 130" INT
     local failed=() total=${#compression[@]} k=0 comp plan more
     local run_name=(--set 'run.name="{model}-{data}-{tag}"')
+    # Every run is checked before any starts, as train.py runs it (from the repository root):
+    # a problem the runs share, such as a data.root without the data, is one line naming
+    # them (gravac/sweep/check.py), and nothing is launched.
+    (cd "$repo" && "$python" -m gravac.sweep.check horovodrun "$model_path" \
+        "${compression[@]/#/$repo/}" -- "${run_name[@]}" ${train_args[@]+"${train_args[@]}"}) \
+        || exit $?
     for comp in "${compression[@]}"; do
         k=$((k + 1))
         echo "=== [$k/$total] $(basename "$model_config") + $(basename "$comp") ===" >&2

@@ -128,9 +128,11 @@ def _fake_venv(tmp_path: Path, defer_checks: bool = False) -> tuple[Path, Path]:
     if defer_checks:
         checks = tmp_path / "checks"
         checks.mkdir()
-        # gravac/util/job.py, which runs the launcher, is run for real (it imports no torch)
+        # gravac/util/job.py, which runs the launcher, is run for real (it imports no torch),
+        # and so is a series' check of all its runs (one process)
         (bin_dir / "python").write_text(
-            f'#!/bin/sh\ncase "$1" in */gravac/util/job.py) exec "{sys.executable}" "$@";; esac\n'
+            f'#!/bin/sh\ncase "$1 $2" in */gravac/util/job.py*|"-m gravac.sweep.check") '
+            f'exec "{sys.executable}" "$@";; esac\n'
             f'printf \'%s\\0\' "$PWD" "$@" > "{checks}/$(ls "{checks}" | wc -l)"\n')
     else:
         # a wrapper, not a symlink: a symlinked venv python outside its venv loses its
@@ -201,6 +203,23 @@ def test_series_scripts_launch_one_run_per_method(script, expected, tmp_path):
     assert launched == expected
     assert all(c.startswith("horovodrun -np 2 -H localhost:2 --gloo") and "run.steps=3" in c
                for c in calls)
+
+
+def test_a_series_checks_every_run_first_and_says_a_shared_problem_once(tmp_path):
+    """A data.root without the data: one line for all the runs, exit 2, nothing launched."""
+    venv, calls = _fake_venv(tmp_path)
+    missing = tmp_path / "nope"
+    proc = subprocess.run(["bash", str(REPO / "hvd_scripts/run_gravac.sh"), "configs/demo.yaml",
+                           "--", "--set", "data.name=cifar10", "--set", f"data.root={missing}"],
+                          cwd=REPO, capture_output=True, text=True, timeout=600,
+                          env={"PATH": "/usr/bin:/bin", "GRAVAC_VENV": str(venv)})
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 2, proc.stderr
+    assert lines[0].startswith(f"config error: data.root='{missing}': cifar10: folder ")
+    assert lines[0].endswith(" (all 4 runs)")
+    assert lines[1] == "4 of 4 runs invalid; nothing was launched"
+    assert not calls.exists()
 
 
 def test_run_torchrun_single_and_multi_node(tmp_path):
