@@ -40,7 +40,8 @@ def _summary_note(summary: RunSummary) -> str:
 def results_rows(sweep: Sweep, runs: Sequence[RunSpec], sweep_dir: Path,
                  status: dict[str, str], notes: dict[str, str],
                  baselines: dict[str, str | None]) -> list[dict[str, Any]]:
-    """One row per run (columns: ``columns(sweep)``), read from the run directories.
+    """One row per run (columns: ``columns(sweep)``), read from the run directories. An
+    axis over one key shows the key's value (``run.seed`` 0), any other axis its label.
 
     Speedup and communication saving are filled in only when the run and its baseline
     both finished ("ok"); a run's own note (e.g. why it failed) wins over the report's.
@@ -78,9 +79,34 @@ def results_rows(sweep: Sweep, runs: Sequence[RunSpec], sweep_dir: Path,
         elif isinstance(mine, str) and state != "running":
             # A running run may simply not have logged yet; anything else is worth saying.
             note = note or f"metrics not read: {mine}"
-        rows.append({"name": run.name, **run.labels, "status": state, **values,
+        rows.append({"name": run.name, **run.cells, "status": state, **values,
                      "baseline": base_name, "note": note})
     return rows
+
+
+def report_groups(names: Sequence[str], status: dict[str, str],
+                  baselines: dict[str, str | None]) -> list[tuple[str | None, list[str]]]:
+    """The finished runs among ``names``, grouped by the baseline the results table compares
+    them with: [(baseline run name, or None where it has none that finished, [run names])],
+    in the order of ``names``. gravac.report takes one baseline, so each group is one report,
+    and its speedups are the table's.
+
+    Example::
+
+        report_groups(["s-dense-seed_0", "s-topk-seed_0", "s-dense-seed_1"],
+                      dict.fromkeys(["s-dense-seed_0", "s-topk-seed_0", "s-dense-seed_1"], "ok"),
+                      {"s-dense-seed_0": "s-dense-seed_0", "s-topk-seed_0": "s-dense-seed_0",
+                       "s-dense-seed_1": "s-dense-seed_1"})
+        # [('s-dense-seed_0', ['s-dense-seed_0', 's-topk-seed_0']),
+        #  ('s-dense-seed_1', ['s-dense-seed_1'])]
+    """
+    groups: dict[str | None, list[str]] = {}
+    for name in names:
+        if status.get(name) != "ok":
+            continue
+        base = baselines.get(name)
+        groups.setdefault(base if base and status.get(base) == "ok" else None, []).append(name)
+    return list(groups.items())
 
 
 def columns(sweep: Sweep) -> list[str]:

@@ -3,6 +3,7 @@ horovodrun or torchrun, keeping the results files current; the command line."""
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import subprocess
 import sys
@@ -14,20 +15,21 @@ import yaml
 from ..report import METRICS_FILE, load_run
 from ..util import job
 from ..util.atomic import atomic_write_text
-from .errors import SweepError
+from .errors import SweepError, problem_lines
 from .link import LinkPlan, check_rate, link_plan
-from .results import fastest_line, finished, results_rows, write_results
+from .results import (fastest_line, finished, report_groups, results_rows,
+                      write_results)
 from .spec import (REPO, RunSpec, Sweep, check_key, expand, load_sweep,
                    pick_baselines)
 
 
 def resolve_configs(runs: Sequence[RunSpec], sweep_dir: Path, extra: Sequence[tuple[str, Any]],
                     repo: Path = REPO, launcher: str | None = None
-                    ) -> tuple[dict[str, Any], list[str]]:
+                    ) -> tuple[dict[str, Any], list[tuple[str, str]]]:
     """Load every run's config in this process (fast, no model built), and check it against
     ``launcher`` (``"horovodrun"``, ``"torchrun"``; None: not) as train.py will under it.
 
-    Returns (run name -> resolved ``Config``, ["run NAME: config error: ..." for bad runs]).
+    Returns (run name -> resolved ``Config``, [(run name, "config error: ...") for bad runs]).
     """
     from gravac.train.config import ConfigError, check_launcher, load_config
 
@@ -41,7 +43,7 @@ def resolve_configs(runs: Sequence[RunSpec], sweep_dir: Path, extra: Sequence[tu
             check_launcher(cfg, environ={}, launcher=launcher)
             configs[run.name] = cfg
         except ConfigError as exc:
-            errors.append(f"run {run.name}: config error: {exc}")
+            errors.append((run.name, f"config error: {exc}"))
     return configs, errors
 
 
@@ -64,6 +66,17 @@ def dry_run_check(train_args: list[str], repo: Path = REPO, timeout: float = 600
     return errors[-1] if errors else (lines[-1] if lines else f"exit code {proc.returncode}")
 
 
+def other_runs(sweep_dir: Path, runs: Sequence[RunSpec]) -> list[str]:
+    """The folders of ``<sweep dir>/runs`` that are no run of ``runs`` (e.g. of an earlier
+    grid of the same sweep), sorted; neither --overwrite nor --resume touches them."""
+    try:
+        found = sorted(p.name for p in (sweep_dir / "runs").iterdir() if p.is_dir())
+    except OSError:
+        return []
+    mine = {r.name for r in runs}
+    return [name for name in found if name not in mine]
+
+
 def occupied(run_dir: Path) -> bool:
     """Whether ``run_dir`` already holds a run (train.py refuses it without overwrite)."""
     return (run_dir / METRICS_FILE).exists() or (run_dir / "checkpoints").exists()
@@ -72,18 +85,27 @@ def occupied(run_dir: Path) -> bool:
 def validate(runs: Sequence[RunSpec], sweep_dir: Path, extra: Sequence[tuple[str, Any]],
              check: Callable[[list[str]], str | None] = dry_run_check,
              existing_is_error: bool = True, resuming: bool = False,
-             launcher: str | None = None) -> tuple[dict[str, Any], list[str]]:
-    """Resolve every run (against ``launcher``), then check it with ``check``
-    (``train.py --dry-run``).
+             launcher: str | None = None,
+             resolved: tuple[dict[str, Any], list[tuple[str, str]]] | None = None
+             ) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+    """Resolve every run (against ``launcher``; ``resolved``: ``resolve_configs``' answer
+    already at hand), then check it with ``check`` (``train.py --dry-run``).
 
-    Returns (run name -> resolved config, error lines naming the run). A run directory that
-    already holds a run is an error unless the run sets ``run.overwrite`` (or, with
-    ``existing_is_error=False`` as in a dry run, a printed warning).
+    Returns (run name -> resolved config, [(run name, problem)]; ``problem_lines`` prints
+    them). A run directory that already holds a run is a problem unless the run sets
+    ``run.overwrite`` (or, with ``existing_is_error=False`` as in a dry run, a printed
+    warning).
     """
-    configs, errors = resolve_configs(runs, sweep_dir, extra, launcher=launcher)
+    configs, errors = resolved if resolved is not None else \
+        resolve_configs(runs, sweep_dir, extra, launcher=launcher)
+    errors = list(errors)
+    warnings = []
     # Without a launcher a dry run builds on Horovod where it is installed, which refuses
     # PyTorch DDP's options; a torchrun sweep's runs are dry-run in one process instead.
     one_process = ["--set", "run.backend=local"] if launcher == "torchrun" else []
+    occupied_problem = (f"the run folder in {sweep_dir / 'runs'} already holds a run; pass "
+                        f"--resume to continue it, --overwrite to replace the sweep's runs, "
+                        f"or --out to write elsewhere")
     for k, run in enumerate(runs, 1):
         if run.name not in configs:
             continue
@@ -91,20 +113,40 @@ def validate(runs: Sequence[RunSpec], sweep_dir: Path, extra: Sequence[tuple[str
         problem = check(run.train_args(sweep_dir, extra) + one_process)
         print(" ok" if problem is None else " INVALID", flush=True)
         if problem is not None:
-            errors.append(f"run {run.name}: {problem}")
+            errors.append((run.name, problem))
             continue
         run_dir = sweep_dir / "runs" / run.name
         if occupied(run_dir) and not configs[run.name].run.overwrite and not resuming:
-            message = (f"run {run.name}: {run_dir} already holds a run; pass --overwrite to "
-                       f"replace the sweep's runs, or --out to write elsewhere")
-            if existing_is_error:
-                errors.append(message)
-            else:
-                print(f"  warning: {message}")
+            (errors if existing_is_error else warnings).append((run.name, occupied_problem))
+    for line in problem_lines(warnings, len(runs)):
+        print(f"  warning: {line}")
     return configs, errors
 
 
-# -- metrics and the results table -------------------------------------------------------------
+# -- where the ranks run ------------------------------------------------------------------------
+def local_slots(gpu: bool) -> tuple[int, str]:
+    """How many ranks of a run this host takes, and what it has: one per GPU when the runs
+    train on GPUs (a rank needs a GPU of its own), else one per CPU core, 2 at least (the
+    demo's 2 ranks share one core; Horovod then sleeps instead of spinning while it waits)."""
+    if gpu:
+        import torch
+
+        count = torch.cuda.device_count()
+        return count, f"{count} GPU{'s' if count != 1 else ''} (the runs train on GPUs)"
+    cores = os.cpu_count() or 1
+    return max(cores, 2), f"{cores} CPU core{'s' if cores != 1 else ''}"
+
+
+def check_local_ranks(np_: int, where: str, configs: dict[str, Any]) -> None:
+    """Refuse, in one line, more ranks per run than this host takes (``local_slots``)
+    when they all start here (no --hostfile); ``where`` says where ``np_`` came from."""
+    from gravac.train.device import wants_gpu
+
+    limit, has = local_slots(any(wants_gpu(cfg.run.device) for cfg in configs.values()))
+    if np_ > limit:
+        raise SweepError(f"{where} starts {np_} ranks per run on this host, which has {has}; "
+                         f"pass --np {limit} (or fewer) to run here, or --hostfile FILE to "
+                         f"spread them over the hosts it lists")
 
 
 # -- launching ---------------------------------------------------------------------------------
@@ -191,6 +233,28 @@ def run_report(run_dirs: Sequence[Path], out_dir: Path, baseline: Path | None,
     return code == 0
 
 
+def write_reports(names: Sequence[str], status: dict[str, str],
+                  baselines: dict[str, str | None], sweep_dir: Path) -> bool:
+    """The report of the finished runs, against the baselines of the results table: one
+    report in ``<sweep dir>/report`` when they share one baseline, else one per baseline in
+    ``<sweep dir>/report/<baseline run>`` (``report/no_baseline`` for the runs whose
+    baseline did not finish or that have none). Each one's baseline is said on the console.
+    False if one failed."""
+    groups = report_groups(names, status, baselines)
+    ok = True
+    for base, members in groups:
+        out = sweep_dir / "report"
+        if len(groups) > 1:
+            out = out / (base or "no_baseline")
+        against = f"speedups against {base}" if base else \
+            "no baseline run of the results table finished (gravac.report's default: the " \
+            "first dense run among them, if any)"
+        print(f"\nreport of {len(members)} run(s) in {out}: {against}", flush=True)
+        ok = run_report([sweep_dir / "runs" / name for name in members], out,
+                        sweep_dir / "runs" / base if base else None) and ok
+    return ok
+
+
 # -- command line ------------------------------------------------------------------------------
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     def positive(text: str) -> int:
@@ -210,14 +274,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("sweep_file", metavar="SWEEP_FILE", help="the sweep's YAML file")
     parser.add_argument("--np", type=positive, default=None,
-                        help="ranks per run (default: the file's np, else 2)")
+                        help="ranks per run (default: the file's np, else 2); without "
+                             "--hostfile at most this host's GPUs, or CPU cores")
     parser.add_argument("--dry-run", action="store_true",
                         help="only validate every run and print the expanded runs")
     parser.add_argument("--out", metavar="DIR", default=None,
                         help="sweep directory (default: <repo>/runs/sweeps/<name>)")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         metavar="KEY=VALUE",
-                        help="extra override for every run, e.g. --set data.root=/data; "
+                        help="extra override for every run, e.g. --set data.root=/data "
+                             "(a relative data.root is taken from the current directory); "
                              "repeatable; applied after the file's overrides")
     parser.add_argument("--launcher", choices=LAUNCHERS, default="horovodrun",
                         help="what starts each run's ranks (default: horovodrun); with "
@@ -235,7 +301,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                              "(hvd_scripts/bandwidth_sandbox.sh, root only) or none for the "
                              "plain loopback; default: the file's link")
     parser.add_argument("--overwrite", action="store_true",
-                        help="replace runs left in the sweep directory by an earlier sweep")
+                        help="replace the runs of this grid left in the sweep directory "
+                             "by an earlier sweep (run folders the grid lacks are kept)")
     parser.add_argument("--resume", action="store_true",
                         help="continue an interrupted sweep: keep the runs that finished, "
                              "resume the interrupted one from its checkpoint, run the rest")
@@ -260,12 +327,22 @@ def resume_plan(run_dir: Path, cfg) -> tuple[str, list[str]]:
     return "new", []
 
 
-def cli_overrides(texts: Sequence[str], overwrite: bool) -> list[tuple[str, Any]]:
-    """``--set KEY=VALUE`` texts as (key, YAML value) pairs (plus run.overwrite=true).
+#: Keys whose relative path on the sweep's command line is taken from the current directory
+#: (where it was typed); train.py runs from the repository root and would read it there.
+CWD_PATH_KEYS = ("data.root",)
+
+
+def cli_overrides(texts: Sequence[str], overwrite: bool,
+                  cwd: Path | None = None) -> list[tuple[str, Any]]:
+    """``--set KEY=VALUE`` texts as (key, YAML value) pairs (plus run.overwrite=true). A
+    relative ``data.root`` is made absolute against ``cwd`` (default: the current
+    directory), where the user typed it.
 
     Example::
 
         cli_overrides(["data.root=/data"], False)   # [('data.root', '/data')]
+        cli_overrides(["data.root=fake"], False, Path("/home/me"))
+        # [('data.root', '/home/me/fake')]
     """
     out = []
     for text in texts:
@@ -276,7 +353,10 @@ def cli_overrides(texts: Sequence[str], overwrite: bool) -> list[tuple[str, Any]
             value = yaml.safe_load(raw) if raw.strip() else None
         except yaml.YAMLError:
             value = raw
-        out.append((check_key(f"--set {text!r}", key.strip()), value))
+        key = check_key(f"--set {text!r}", key.strip())
+        if key in CWD_PATH_KEYS and isinstance(value, str) and value.strip():
+            value = os.path.abspath(os.path.join(cwd or Path.cwd(), os.path.expanduser(value)))
+        out.append((key, value))
     if overwrite:
         out.append(("run.overwrite", True))
     return out
@@ -289,7 +369,7 @@ def describe(sweep: Sweep, runs: Sequence[RunSpec], sweep_dir: Path,
              f"{sweep_dir}"]
     width = max(len(r.name) for r in runs)
     for k, run in enumerate(runs, 1):
-        axes = "  ".join(f"{a}={v}" for a, v in run.labels.items())
+        axes = "  ".join(f"{a}={v}" for a, v in run.cells.items())
         base = baselines.get(run.name)
         mark = "  (baseline)" if base == run.name else (f"  baseline: {base}" if base else "")
         lines.append(f"  {k:>2}. {run.name:<{width}}  {axes}{mark}")
@@ -358,13 +438,7 @@ def execute(sweep: Sweep, runs: Sequence[RunSpec], sweep_dir: Path,
             verdict = fastest_line(rows, sweep)
             if verdict:
                 print(verdict)
-            report_ok = True
-            if ok:
-                base = baselines.get(runs[0].name)
-                base_dir = sweep_dir / "runs" / base if base and status.get(base) == "ok" \
-                    else None
-                report_ok = run_report([sweep_dir / "runs" / r.name for r in ok],
-                                       sweep_dir / "report", base_dir)
+            report_ok = write_reports([r.name for r in runs], status, baselines, sweep_dir)
             return 0 if len(ok) == len(runs) and report_ok else 1
     except job.Interrupted as stopped:
         for name, state in status.items():
@@ -416,20 +490,35 @@ def main(argv: Sequence[str] | None = None,
               "PATH); run hvd_scripts/install.sh", file=sys.stderr)
         return 2
 
+    resolved = resolve_configs(runs, sweep_dir, extra, launcher=args.launcher)
+    if args.hostfile is None:
+        try:
+            check_local_ranks(sweep.np, f"--np {sweep.np}" if args.np is not None else
+                              f"np: {sweep.np} (the sweep file's)", resolved[0])
+        except SweepError as exc:
+            print(f"sweep error: {exc}", file=sys.stderr)
+            return 2
     print(f"validating {len(runs)} runs of sweep {sweep.name} (resolve + train.py --dry-run)")
     configs, errors = validate(runs, sweep_dir, extra, check,
                                existing_is_error=not args.dry_run, resuming=args.resume,
-                               launcher=args.launcher)
+                               launcher=args.launcher, resolved=resolved)
     controllers = {name: cfg.compression.controller for name, cfg in configs.items()}
     baselines = pick_baselines(sweep, runs, controllers)
     print(describe(sweep, runs, sweep_dir, extra, baselines))
     print(f"link: {link.description}")
     if errors:
-        for line in errors:
+        for line in problem_lines(errors, len(runs)):
             print(f"sweep error: {line}", file=sys.stderr)
-        print(f"sweep error: {len(errors)} problem(s) in {len(runs)} runs; nothing was "
-              f"launched", file=sys.stderr)
+        bad = len({name for name, _ in errors})
+        print(f"sweep error: {bad} of {len(runs)} runs invalid; nothing was launched",
+              file=sys.stderr)
         return 2
+    others = other_runs(sweep_dir, runs)
+    if others:
+        shown = ", ".join(others[:5]) + (f" and {len(others) - 5} more" if len(others) > 5
+                                          else "")
+        print(f"note: {sweep_dir / 'runs'} also holds {len(others)} run(s) this sweep does not "
+              f"have ({shown}); they are left as they are, out of the results and the report")
     if args.dry_run:
         print(f"all {len(runs)} runs are valid (dry run: nothing launched)")
         return 0

@@ -41,6 +41,9 @@ class AxisValue:
     label: str
     files: tuple[str, ...] = ()
     overrides: tuple[tuple[str, Any], ...] = ()
+    #: What the axis's column of the results shows: the value of an axis over one key
+    #: (``0`` for ``run.seed``), else the label (the label, ``seed_0``, names the run).
+    cell: str = ""
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,11 @@ class RunSpec:
     labels: dict[str, str]
     files: list[str]
     overrides: list[tuple[str, Any]] = field(default_factory=list)
+    #: Axis name -> what its column shows (``AxisValue.cell``; the labels when not given).
+    cells: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.cells = {axis: self.cells.get(axis) or label for axis, label in self.labels.items()}
 
     def train_args(self, sweep_dir: Path, extra: Sequence[tuple[str, Any]] = ()) -> list[str]:
         """train.py's arguments for this run (without ``--dry-run``/``--resume``).
@@ -186,7 +194,8 @@ def _entry(axis: str, i: int, raw: Any, repo: Path) -> tuple[AxisValue, bool]:
     """One grid entry; the flag says whether its label is an explicit ``tag``."""
     where = f"grid.{axis}[{i}]"
     if "." in axis:                         # shorthand: the entries are values of one key
-        return AxisValue(label=_override_label([(axis, raw)]), overrides=((axis, raw),)), False
+        return AxisValue(label=_override_label([(axis, raw)]), overrides=((axis, raw),),
+                         cell=_value_text(raw)), False
     if isinstance(raw, (str, list)):
         files = _file_list(where, raw, repo)
         return AxisValue(label="+".join(Path(f).stem for f in files), files=files), False
@@ -216,7 +225,8 @@ def parse_axis(name: Any, raw: Any, repo: Path = REPO) -> Axis:
     Example::
 
         parse_axis("optimizer.lr", [0.05, 0.1]).values[0]
-        # AxisValue(label='lr_0.05', files=(), overrides=(('optimizer.lr', 0.05),))
+        # AxisValue(label='lr_0.05', files=(), overrides=(('optimizer.lr', 0.05),),
+        #           cell='0.05')
     """
     if not isinstance(name, str) or not name or not safe_name(name):
         raise SweepError(f"grid: axis name {name!r} must be a word (e.g. compression) or a "
@@ -245,7 +255,8 @@ def parse_axis(name: Any, raw: Any, repo: Path = REPO) -> Axis:
     for i, ((value, _), label) in enumerate(zip(parsed, labels)):
         if counts[label] > 1:
             label = f"{label}_{i}"
-        values.append(AxisValue(label=label, files=value.files, overrides=value.overrides))
+        values.append(AxisValue(label=label, files=value.files, overrides=value.overrides,
+                                cell=value.cell or label))
     return Axis(name=name, values=tuple(values))
 
 
@@ -363,7 +374,8 @@ def expand(sweep: Sweep) -> list[RunSpec]:
         runs.append(RunSpec(name=run_name(sweep.name, [v.label for v in values]),
                             index=tuple(index),
                             labels={a.name: v.label for a, v in zip(sweep.axes, values)},
-                            files=files, overrides=overrides))
+                            files=files, overrides=overrides,
+                            cells={a.name: v.cell for a, v in zip(sweep.axes, values)}))
     names = [r.name for r in runs]
     if len(set(names)) != len(names):      # only after hash-shortening, in theory
         dup = next(n for n in names if names.count(n) > 1)

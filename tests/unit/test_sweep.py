@@ -90,8 +90,9 @@ def test_runs_are_validated_against_the_sweeps_launcher(tmp_path, capsys):
         return None
     _, errors = swx.validate(runs, tmp_path, [], check, launcher="horovodrun")
     assert len(errors) == 1 and not checked
-    assert errors[0].startswith("run t-ddp_powersgd_rank4: config error: "
-                                "compression.ddp_powersgd_rank=4: PyTorch DDP runs on")
+    assert errors[0][0] == "t-ddp_powersgd_rank4"
+    assert errors[0][1].startswith("config error: compression.ddp_powersgd_rank=4: PyTorch "
+                                   "DDP runs on")
     configs, errors = swx.validate(runs, tmp_path, [], check, launcher="torchrun")
     assert errors == [] and list(configs) == ["t-ddp_powersgd_rank4"]
     assert checked[0][-2:] == ["--set", "run.backend=local"]
@@ -422,7 +423,12 @@ def test_resume_keeps_finished_runs_resumes_the_interrupted_one_and_runs_the_res
     monkeypatch.setattr(swx, "run_report", lambda dirs, out_dir, base: True)
     # without --resume the finished and interrupted runs block the sweep
     assert swx.main([str(path), "--out", str(out)], check=lambda args: None) == 2
-    assert "t-dense" in capsys.readouterr().err and launched == []
+    err = capsys.readouterr().err
+    # one line for both runs, offering --resume first
+    assert f"sweep error: the run folder in {out / 'runs'} already holds a run; pass --resume " \
+           "to continue it, --overwrite to replace the sweep's runs, or --out to write " \
+           "elsewhere (runs t-dense, t-topk)\n" in err and launched == []
+    assert "sweep error: 2 of 3 runs invalid; nothing was launched" in err
     assert swx.main([str(path), "--out", str(out), "--resume"], check=lambda args: None) == 0
     assert launched == [("t-topk", True), ("t-gravac", False)]
     assert "t-dense: finished earlier, kept" in capsys.readouterr().out
@@ -545,8 +551,11 @@ def test_paper_sweep_validates_on_tiny_fake_data(tmp_path, monkeypatch, capsys):
             code = cli.main([*args, "--dry-run"])
         return None if code == 0 else err.getvalue().strip()
 
+    hosts = tmp_path / "hosts"                         # the paper's 32 ranks: a cluster
+    hosts.write_text("node1 slots=16\nnode2 slots=16\n")
     code = swx.main(["configs/paper/table2_resnet101.yaml", "--dry-run", "--out", str(tmp_path / "sw"),
-                    "--set", f"data.root={tmp_path / 'data'}"], check=check)
+                    "--set", f"data.root={tmp_path / 'data'}", "--hostfile", str(hosts)],
+                    check=check)
     out = capsys.readouterr().out
     assert code == 0, out
     expected = ["dense"] + [f"static_{c}_{f}x" for c in ("topk", "dgc", "redsync", "randomk")
@@ -583,12 +592,14 @@ def test_every_paper_sweep_resolves_as_it_is_and_scaled(sweep, tmp_path, capsys)
         return None
 
     scaled = "scaled_text.yaml" if "lstm" in sweep.stem else "scaled_images.yaml"
-    for extra in ([], ["--config", f"configs/paper/{scaled}", "--np", "2"]):
+    hosts = tmp_path / "hosts"
+    hosts.write_text("node1 slots=16\nnode2 slots=16\n")
+    for extra in (["--hostfile", str(hosts)], ["--config", f"configs/paper/{scaled}", "--np", "2"]):
         code = swx.main([str(sweep), "--dry-run", "--out", str(tmp_path / "sw"), *extra],
                         check=check)
         out = capsys.readouterr().out
         assert code == 0, out
-        assert f"on {32 if not extra else 2} ranks each" in out
+        assert f"on {32 if extra[0] == '--hostfile' else 2} ranks each" in out
     if extra:
         assert f"configs/paper/{scaled}" in out
 
@@ -611,3 +622,130 @@ def test_hostfile_and_config_options_on_the_command_line(tmp_path, capsys):
     code = swx.main(["configs/sweeps/demo_sweep.yaml", "--dry-run", "--launcher", "torchrun",
                      "--hostfile", "x", "--out", str(tmp_path / "sw")])
     assert code == 2 and "runs through horovodrun" in capsys.readouterr().err
+
+
+# -- one report per baseline, the axis values, ranks on this host, paths, leftovers -------------
+SEEDS = {"name": "t", "set": {"run.steps": 10},
+         "grid": {"c": [{"files": [DENSE], "tag": "dense"}, {"files": [TOPK10], "tag": "topk"}],
+                  "run.seed": [0, 1]},
+         "baseline": {"c": "dense"}}
+
+
+def test_each_report_uses_the_baseline_of_the_results_table(tmp_path, monkeypatch, capsys):
+    """Each seed's runs against that seed's dense run, in the report as in results.md; the
+    run.seed column holds the seeds, not the labels seed_0, seed_1."""
+    sweep = sws.parse_sweep(SEEDS)
+    runs = sws.expand(sweep)
+    baselines = sws.pick_baselines(sweep, runs)
+    assert baselines["t-topk-seed_1"] == "t-dense-seed_1"
+
+    def fake_launch(command, log_path, repo=sws.REPO):
+        name = command[-1].split("=", 1)[1]
+        write_metrics(tmp_path / "runs" / name, FAKE_RUNS["t-dense" if "dense" in name else "t-topk"])
+        return 0
+    reports = []
+    monkeypatch.setattr(swx, "launch", fake_launch)
+    monkeypatch.setattr(swx, "run_report", lambda dirs, out, base: reports.append((dirs, out, base)) or True)
+    assert swx.execute(sweep, runs, tmp_path, [], baselines, "horovodrun", "horovodrun") == 0
+    runs_dir = tmp_path / "runs"
+    assert reports == [
+        ([runs_dir / "t-dense-seed_0", runs_dir / "t-topk-seed_0"], tmp_path / "report/t-dense-seed_0",
+         runs_dir / "t-dense-seed_0"),
+        ([runs_dir / "t-dense-seed_1", runs_dir / "t-topk-seed_1"], tmp_path / "report/t-dense-seed_1",
+         runs_dir / "t-dense-seed_1")]
+    out = capsys.readouterr().out
+    assert f"report of 2 run(s) in {tmp_path / 'report/t-dense-seed_1'}: speedups against " \
+           "t-dense-seed_1" in out
+    with open(tmp_path / "results.csv", newline="") as f:
+        rows = {r["name"]: r for r in csv.DictReader(f)}
+    assert {n: (r["c"], r["run.seed"], r["baseline"]) for n, r in rows.items()} == {
+        "t-dense-seed_0": ("dense", "0", "t-dense-seed_0"), "t-dense-seed_1": ("dense", "1", "t-dense-seed_1"),
+        "t-topk-seed_0": ("topk", "0", "t-dense-seed_0"), "t-topk-seed_1": ("topk", "1", "t-dense-seed_1")}
+
+
+def test_report_groups_one_baseline_one_report_and_failed_baselines_apart():
+    names = ["d0", "k0", "d1", "k1"]
+    baselines = {"d0": "d0", "k0": "d0", "d1": "d1", "k1": "d1"}
+    ok = dict.fromkeys(names, "ok")
+    assert swr.report_groups(names, ok, dict.fromkeys(names, "d0")) == [("d0", names)]
+    assert swr.report_groups(names, {**ok, "d1": "failed"}, baselines) == [
+        ("d0", ["d0", "k0"]), (None, ["k1"])]
+    assert swr.report_groups(names, ok, dict.fromkeys(names)) == [(None, names)]
+
+
+def test_too_many_ranks_for_this_host_are_refused_before_any_check(tmp_path, monkeypatch, capsys):
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump({**sweep_dict(), "np": 32}))
+    asked = []
+    monkeypatch.setattr(swx, "local_slots", lambda gpu: asked.append(gpu) or (2, "2 CPU cores"))
+    calls = []
+    for extra in ([], ["--dry-run"]):
+        assert swx.main([str(path), "--out", str(tmp_path / "out"), *extra], check=calls.append) == 2
+        assert capsys.readouterr().err == (
+            "sweep error: np: 32 (the sweep file's) starts 32 ranks per run on this host, which "
+            "has 2 CPU cores; pass --np 2 (or fewer) to run here, or --hostfile FILE to spread "
+            "them over the hosts it lists\n")
+    assert swx.main([str(path), "--np", "3", "--dry-run"], check=calls.append) == 2
+    assert capsys.readouterr().err.startswith("sweep error: --np 3 starts 3 ranks per run")
+    assert calls == [] and not (tmp_path / "out").exists()
+    assert asked == [False] * 3                      # demo.yaml trains where it can: no GPU here
+    hosts = tmp_path / "hosts"
+    hosts.write_text("node1 slots=16\nnode2 slots=16\n")
+    assert swx.main([str(path), "--dry-run", "--hostfile", str(hosts), "--out",
+                     str(tmp_path / "out")], check=lambda args: None) == 0
+    assert swx.main([str(path), "--dry-run", "--np", "2", "--out", str(tmp_path / "out")],
+                    check=lambda args: None) == 0
+
+
+def test_this_hosts_slots_are_its_gpus_for_gpu_runs_else_its_cores():
+    import os
+
+    import torch
+
+    cores = os.cpu_count() or 1
+    assert swx.local_slots(False) == (max(cores, 2), f"{cores} CPU core{'s' if cores != 1 else ''}")
+    if torch.cuda.is_available():
+        count = torch.cuda.device_count()
+        assert swx.local_slots(True)[0] == count
+
+
+def test_a_relative_data_root_on_the_command_line_is_taken_from_the_current_directory(
+        tmp_path, monkeypatch):
+    assert swx.cli_overrides(["data.root=fake", "data.root=/abs", "data.root=../up"], False,
+                             cwd=Path("/home/me")) == [
+        ("data.root", "/home/me/fake"), ("data.root", "/abs"), ("data.root", "/home/up")]
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(sweep_dict(grid={"optimizer.lr": [0.1]})))
+    monkeypatch.chdir(tmp_path)
+    checked = []
+    assert swx.main(["s.yaml", "--dry-run", "--set", "data.root=fakedata"],
+                    check=lambda args: checked.append(args)) == 0
+    assert f"data.root={tmp_path / 'fakedata'}" in checked[0]
+
+
+def test_a_problem_of_every_run_is_one_line(tmp_path, capsys):
+    from gravac.sweep.errors import problem_lines
+
+    assert problem_lines([("a", "bad root"), ("b", "bad root"), ("c", "lr < 0"),
+                          ("a", "bad root")], 4) == ["bad root (runs a, b)", "run c: lr < 0"]
+    assert problem_lines([("a", "x"), ("b", "x")], 2) == ["x (all 2 runs)"]
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(sweep_dict()))
+    missing = tmp_path / "nope"
+    assert swx.main([str(path), "--dry-run", "--set", f"data.root={missing}"],
+                    check=lambda args: f"config error: data.root={missing}: no such folder") == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err == [f"sweep error: config error: data.root={missing}: no such folder (all 6 runs)",
+                   "sweep error: 6 of 6 runs invalid; nothing was launched"]
+
+
+def test_runs_the_grid_lacks_are_named_and_left_alone(tmp_path, capsys):
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(sweep_dict(grid={"optimizer.lr": [0.1]})))
+    out = tmp_path / "out"
+    write_metrics(out / "runs/t-lr_0.2", FAKE_RUNS["t-topk"])
+    assert swx.main([str(path), "--dry-run", "--overwrite", "--out", str(out)],
+                    check=lambda args: None) == 0
+    assert f"note: {out / 'runs'} also holds 1 run(s) this sweep does not have (t-lr_0.2); " \
+           "they are left as they are, out of the results and the report" in capsys.readouterr().out
+    assert (out / "runs/t-lr_0.2/metrics.jsonl").exists()
