@@ -58,10 +58,11 @@ find_horovodrun() {
 # check_config PYTHON LAUNCHER: `train.py --check LAUNCHER` with the configs and train.py
 # arguments, before the launcher (horovodrun or torchrun) starts: a bad config or data file,
 # or an option the launcher's transport lacks, is its one line (exit 2), not a line buried
-# under every rank's output and the launcher's own traceback.
+# under every rank's output and the launcher's own traceback. From the repo, where the job
+# runs: relative paths in the config (run.output_dir, data.root) mean there what they will.
 check_config() {
-    "$1" "$repo/train.py" --config "${configs[@]}" ${train_args[@]+"${train_args[@]}"} \
-        --check "$2" >/dev/null || exit $?
+    (cd "$repo" && "$1" train.py --config "${configs[@]}" ${train_args[@]+"${train_args[@]}"} \
+        --check "$2" >/dev/null) || exit $?
 }
 
 # exec_job PYTHON COMMAND...: becomes gravac/util/job.py running COMMAND (the launcher):
