@@ -42,7 +42,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             cfg = load_config(args.config, args.overrides)
             check_launcher(cfg, launcher=launcher)
-            check(cfg)
+            check(cfg, run_folder=False)    # series.sh resumes or replaces each run itself
         except ConfigError as exc:
             problems.append((Path(name).name, f"config error: {exc}"))
     if not problems:

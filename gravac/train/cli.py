@@ -61,17 +61,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def check(cfg, resume: bool = False) -> None:
-    """The config (already validated), its data files and the run folder, in this one
-    process: what a launched job would fail on next (bad or missing files, a folder that
-    holds another run, a resume that has nothing to continue or changes the experiment)."""
+def check(cfg, resume: bool = False, run_folder: bool = True) -> None:
+    """The config (already validated), its data files and (``run_folder``) the run folder,
+    in this one process: what a launched job would fail on next (bad or missing files, a
+    folder that holds another run, a resume that has nothing to continue or changes the
+    experiment). A dry run writes no folder; a series decides per run whether it resumes."""
     from pathlib import Path
 
     from .resume import run_dir_problem
     from .tasks import build_task
 
     build_task(cfg, rank=0, world_size=1)
-    problem = run_dir_problem(cfg, Path(cfg.run.output_dir) / cfg.run.name, resume)
+    problem = run_folder and run_dir_problem(cfg, Path(cfg.run.output_dir) / cfg.run.name,
+                                             resume)
     if problem:
         raise ConfigError(problem)
 
@@ -97,7 +99,7 @@ def main(argv=None) -> int:
         return 2
     if args.check is not None:
         try:
-            check(cfg, resume=args.resume)
+            check(cfg, resume=args.resume, run_folder=not args.dry_run)
         except ConfigError as exc:
             print(f"config error: {exc}", file=sys.stderr)
             return 2

@@ -61,7 +61,7 @@ find_horovodrun() {
 # under every rank's output and the launcher's own traceback. From the repo, where the job
 # runs: relative paths in the config (run.output_dir, data.root) mean there what they will.
 check_config() {
-    (cd "$repo" && "$1" train.py --config "${configs[@]}" ${train_args[@]+"${train_args[@]}"} \
+    (cd "$repo" && "$1" "$repo/train.py" --config "${configs[@]}" ${train_args[@]+"${train_args[@]}"} \
         --check "$2" >/dev/null) || exit $?
 }
 

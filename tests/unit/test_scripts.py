@@ -227,12 +227,16 @@ def test_run_torchrun_single_and_multi_node(tmp_path):
                        tmp_path=tmp_path / "a")
     assert one.startswith("torchrun --standalone --nproc-per-node 2 train.py --config ")
     assert one.endswith("configs/demo.yaml --set run.backend=torch --dry-run")
-    (joined,) = _launched("run_torchrun.sh", "4", "configs/demo.yaml", tmp_path=tmp_path / "b",
+    # (a run folder of their own: the check refuses one that holds a run, e.g. the demo's)
+    own = ["--", "--set", f"run.output_dir={tmp_path / 'runs'}"]
+    (joined,) = _launched("run_torchrun.sh", "4", "configs/demo.yaml", *own,
+                          tmp_path=tmp_path / "b",
                           env={"GRAVAC_NNODES": "2", "GRAVAC_RDZV_ENDPOINT": "node1:29400"})
     assert joined.startswith("torchrun --nnodes 2 --nproc-per-node 4 --rdzv-backend c10d "
                              "--rdzv-endpoint node1:29400 --rdzv-id gravac train.py")
     # a fixed node rank is honoured only by the static rendezvous (c10d ignores it)
-    (fixed,) = _launched("run_torchrun.sh", "4", "configs/demo.yaml", tmp_path=tmp_path / "c",
+    (fixed,) = _launched("run_torchrun.sh", "4", "configs/demo.yaml", *own,
+                         tmp_path=tmp_path / "c",
                          env={"GRAVAC_NNODES": "2", "GRAVAC_RDZV_ENDPOINT": "node1:29400",
                               "GRAVAC_NODE_RANK": "1"})
     assert fixed.startswith("torchrun --nnodes 2 --nproc-per-node 4 --rdzv-backend static "
@@ -268,8 +272,8 @@ def test_multi_node_checks_the_hostfile_and_passes_it_as_hosts(tmp_path):
     number; NP above the slots is refused; horovodrun gets -H HOST:N,..."""
     hosts = tmp_path / "hosts"
     hosts.write_text("# cluster\nnode1 slots=2\n\nnode2:2   # the second\n")
-    (call,) = _launched("run_multi_node.sh", str(hosts), "4", "configs/demo.yaml",
-                        tmp_path=tmp_path / "ok")
+    (call,) = _launched("run_multi_node.sh", str(hosts), "4", "configs/demo.yaml", "--",
+                        "--set", f"run.output_dir={tmp_path / 'runs'}", tmp_path=tmp_path / "ok")
     assert call.startswith("horovodrun -np 4 -H node1:2,node2:2 --gloo ")
     venv, calls = _fake_venv(tmp_path / "bad")
     for text, np_, message in [
