@@ -71,8 +71,10 @@ def test_run_multi_node_hands_the_sandbox_ssh_settings_to_horovodrun(tmp_path):
     env = {"PATH": "/usr/bin:/bin", "GRAVAC_VENV": str(venv), "GRAVAC_NICS": "eth0",
            "GRAVAC_SSH_PORT": "2222", "GRAVAC_SSH_KEY": str(key)}
     script = str(REPO / "hvd_scripts/run_multi_node.sh")
-    proc = subprocess.run(["bash", script, str(hosts), "4", "configs/demo.yaml"], cwd=REPO,
-                          capture_output=True, text=True, timeout=120, env=env)
+    # (a run folder of its own: the check refuses one that holds a run, e.g. the demo's)
+    own = ["--", "--set", f"run.output_dir={tmp_path / 'runs'}"]
+    proc = subprocess.run(["bash", script, str(hosts), "4", "configs/demo.yaml", *own],
+                          cwd=REPO, capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode == 0, proc.stderr
     assert calls.read_text().startswith(
         f"horovodrun -np 4 -H h0:2,h1:2 --gloo --network-interfaces eth0 --ssh-port 2222 "
