@@ -42,7 +42,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import re
 import statistics
 import subprocess
 import sys
@@ -206,25 +205,19 @@ BACKENDS = ("horovod", "torch")
 #: connect, caches warm); a run needs more steps than this.
 WARMUP_STEPS = 10
 
-_RATE = re.compile(r"^(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit)$")
-_SCALE = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
-
 
 def bits_per_second(rate: str) -> float | None:
-    """``1gbit`` -> 1e9; ``none`` -> None (no link limit: the host's plain loopback, no
-    sandbox). The spellings are those hvd_scripts/bandwidth_sandbox.sh hands to tc; anything
-    else (or a rate of 0) raises ValueError, for the caller to name its option.
+    """``1gbit`` -> 1e9 (``gravac.sweep.link``'s reading of tc's spellings, which
+    hvd_scripts/bandwidth_sandbox.sh takes); ``none`` -> None (no link limit: the host's
+    plain loopback, no sandbox). Anything else (or a rate of 0) raises ValueError, for the
+    caller to name its option.
 
     >>> bits_per_second("100mbit"), bits_per_second("none")
     (100000000.0, None)
     """
-    if rate == "none":
-        return None
-    m = _RATE.match(rate)
-    if not m or float(m.group(1)) == 0:
-        raise ValueError(f"{rate!r} not understood; use e.g. 100mbit, 1gbit, 10gbit, or none "
-                         "for the host's plain loopback")
-    return float(m.group(1)) * _SCALE[m.group(2)]
+    from gravac.sweep.link import bits_per_second as tc_rate
+
+    return None if rate == "none" else tc_rate(rate)
 
 
 def launcher(backend: str, np_: int, hosts: int = 1) -> list[str]:

@@ -24,8 +24,10 @@ from dataclasses import dataclass
 
 from .errors import SweepError
 
-#: tc's rate spellings that hvd_scripts/bandwidth_sandbox.sh takes (e.g. 100mbit, 1gbit).
-RATE = re.compile(r"^\d+(\.\d+)?(kbit|mbit|gbit)$")
+#: tc's rate spellings that hvd_scripts/bandwidth_sandbox.sh takes (e.g. 100mbit, 1gbit),
+#: and each unit in bit/s.
+RATE_UNITS = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
+RATE = re.compile(r"^(\d+(?:\.\d+)?)(kbit|mbit|gbit)$")
 SANDBOX = "hvd_scripts/bandwidth_sandbox.sh"
 #: The plain loopback, said where a sweep starts and in its results.
 LOOPBACK = ("loopback (no rate limit): nothing limits the exchange, so compression can "
@@ -56,6 +58,16 @@ def check_rate(field_name: str, rate) -> str | None:
         raise SweepError(f"{field_name}: {rate!r} is not a link rate; write it as tc does "
                          f"(e.g. 100mbit, 1gbit, 10gbit) or none for the plain loopback")
     return text
+
+
+def bits_per_second(rate: str) -> float:
+    """A tc rate in bit/s (``"100mbit"`` -> 1e8); ValueError, for the caller to name its
+    option, for anything else or a rate of 0."""
+    m = RATE.match(str(rate).strip().lower())
+    if not m or float(m.group(1)) == 0:
+        raise ValueError(f"{rate!r} not understood; use e.g. 100mbit, 1gbit, 10gbit, or none "
+                         "for the host's plain loopback")
+    return float(m.group(1)) * RATE_UNITS[m.group(2)]
 
 
 def can_limit() -> str | None:
