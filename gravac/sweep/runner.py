@@ -13,6 +13,7 @@ from typing import Any, Callable, Sequence
 import yaml
 
 from ..report import METRICS_FILE, load_run
+from ..train.resume import occupied
 from ..util import job
 from ..util.atomic import atomic_write_text
 from .errors import SweepError, problem_lines
@@ -75,11 +76,6 @@ def other_runs(sweep_dir: Path, runs: Sequence[RunSpec]) -> list[str]:
         return []
     mine = {r.name for r in runs}
     return [name for name in found if name not in mine]
-
-
-def occupied(run_dir: Path) -> bool:
-    """Whether ``run_dir`` already holds a run (train.py refuses it without overwrite)."""
-    return (run_dir / METRICS_FILE).exists() or (run_dir / "checkpoints").exists()
 
 
 def validate(runs: Sequence[RunSpec], sweep_dir: Path, extra: Sequence[tuple[str, Any]],
