@@ -61,7 +61,10 @@ least); the paper's files ask for 32. A
 failing run is recorded as failed (its note: the rank's gravac error line, not the
 launcher's traceback after it) and the sweep goes on. ``results.csv`` and
 ``results.md`` in the sweep directory are rewritten (atomically) after every run; an axis
-over one key shows its values there (``run.seed`` 0, 1), any other axis its labels. At the
+over one key shows its values there (``run.seed`` 0, 1), any other axis its labels; a grid
+with an axis over ``run.seed`` also gets each point of the other axes over its seeds
+(mean and sample standard deviation of the finished runs' numbers: a table at the end of
+``results.md`` and ``results_seeds.csv``). At the
 end ``python -m gravac.report`` plots the successful runs into ``<sweep dir>/report``, with
 the speedups of the results table: it takes one baseline, so when the runs have several
 (e.g. each seed's own dense run) there is one report per baseline, in

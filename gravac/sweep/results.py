@@ -1,10 +1,13 @@
 """The results table of a sweep: one row per run, read from the run directories. Every
 number in a row is the report's (``gravac.report.stats.summarize``), so the sweep's table
-and the report of the same runs cannot disagree."""
+and the report of the same runs cannot disagree. A grid with an axis over ``run.seed``
+also gets the same numbers over its seeds (``seed_rows``): mean and sample standard
+deviation per point of the other axes."""
 from __future__ import annotations
 
 import csv
 import io
+import statistics
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -12,13 +15,18 @@ from ..report import Run, RunLoadError, RunSummary, load_run
 from ..report.stats import summarize
 from ..report.summary import unfinished_note
 from ..util.atomic import atomic_write_text
-from .spec import FIXED_COLUMNS, RunSpec, Sweep
+from .spec import FIXED_COLUMNS, Axis, RunSpec, Sweep
 
 # Row columns filled from the report's RunSummary field of the same meaning.
 _SUMMARY_COLUMNS = {"steps": "steps", "wall_time_s": "wall_time", "metric": "metric",
                     "final_metric": "final_metric", "floats_vs_dense": "floats_vs_dense",
                     "mean_samples_per_sec": "mean_samples_per_sec", "speedup": "speedup",
                     "comm_saving": "comm_saving"}
+#: The key whose axis the seed summary averages over.
+SEED_KEY = "run.seed"
+#: Row columns the seed summary gives as mean and standard deviation over the seeds.
+SEED_MEASURES = ("final_metric", "wall_time_s", "mean_samples_per_sec", "speedup",
+                 "comm_saving", "floats_vs_dense")
 
 
 def finished(run_dir: Path) -> bool:
@@ -109,6 +117,60 @@ def report_groups(names: Sequence[str], status: dict[str, str],
     return list(groups.items())
 
 
+def seed_axis(sweep: Sweep) -> Axis | None:
+    """The grid's axis over ``run.seed`` (each entry sets that key and nothing else), or
+    None: ``run.seed: [0, 1, 2]``, or entries such as ``{set: {run.seed: 3}, tag: s3}``."""
+    for axis in sweep.axes:
+        if axis.values and all(not v.files and [k for k, _ in v.overrides] == [SEED_KEY]
+                               for v in axis.values):
+            return axis
+    return None
+
+
+def seed_columns(sweep: Sweep) -> list[str]:
+    """Columns of ``seed_rows``: the other axes, ``seeds``, ``metric``, then each of
+    ``SEED_MEASURES`` as ``<measure>_mean`` and ``<measure>_sd``."""
+    seeds = seed_axis(sweep)
+    others = [a.name for a in sweep.axes if a is not seeds]
+    return [*others, "seeds", "metric",
+            *(f"{m}_{what}" for m in SEED_MEASURES for what in ("mean", "sd"))]
+
+
+def seed_rows(sweep: Sweep, rows: Sequence[dict]) -> list[dict[str, Any]]:
+    """The results over the seeds (``[]`` without an axis over ``run.seed``): one row per
+    point of the other axes, in the table's order, with the mean and the sample standard
+    deviation of each of ``SEED_MEASURES`` over the runs that finished ("ok") and have the
+    number (the sd needs two; speedups are each seed's against its own baseline), and
+    ``seeds``: how many of the point's runs finished.
+
+    Example::
+
+        seed_rows(sweep, rows)[0]
+        # {'c': 'topk', 'seeds': '2 of 2', 'metric': 'top1', 'final_metric_mean': 0.91,
+        #  'final_metric_sd': 0.004, 'wall_time_s_mean': 12.5, ...}
+    """
+    seeds = seed_axis(sweep)
+    if seeds is None:
+        return []
+    others = [a.name for a in sweep.axes if a is not seeds]
+    points: dict[tuple, list[dict]] = {}
+    for row in rows:
+        points.setdefault(tuple(row.get(name) for name in others), []).append(row)
+    out = []
+    for point, runs in points.items():
+        done = [r for r in runs if r["status"] == "ok"]
+        summary: dict[str, Any] = {**dict(zip(others, point)),
+                                   "seeds": f"{len(done)} of {len(runs)}",
+                                   "metric": next((r["metric"] for r in done if r.get("metric")),
+                                                  None)}
+        for measure in SEED_MEASURES:
+            values = [float(r[measure]) for r in done if r.get(measure) is not None]
+            summary[f"{measure}_mean"] = statistics.fmean(values) if values else None
+            summary[f"{measure}_sd"] = statistics.stdev(values) if len(values) > 1 else None
+        out.append(summary)
+    return out
+
+
 def columns(sweep: Sweep) -> list[str]:
     """Results columns: name, the axis names, then the fixed columns."""
     return ["name", *(a.name for a in sweep.axes), *FIXED_COLUMNS[1:]]
@@ -138,8 +200,32 @@ def _md_cell(column: str, value: Any) -> str:
     return str(value).replace("|", "\\|").replace("\n", " ")
 
 
+def _seed_table(sweep: Sweep, rows: Sequence[dict]) -> list[str]:
+    """``seed_rows`` as markdown lines: mean ± sd per measure ("" where none)."""
+    summary = seed_rows(sweep, rows)
+    if not summary:
+        return []
+    seeds = seed_axis(sweep)
+    others = [a.name for a in sweep.axes if a is not seeds]
+    cols = [*others, "seeds", "metric", *SEED_MEASURES]
+
+    def cell(row: dict, col: str) -> str:
+        if col not in SEED_MEASURES:
+            return _md_cell(col, row.get(col))
+        mean, sd = row[f"{col}_mean"], row[f"{col}_sd"]
+        return _md_cell(col, mean) + ("" if sd is None else f" ± {_md_cell(col, sd)}")
+    lines = ["", f"## Over the seeds ({seeds.name})", "",
+             f"Mean ± sample standard deviation over the runs that finished; speedup and "
+             f"comm_saving are each run's against its own baseline. Also in "
+             f"results_seeds.csv.", "",
+             "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(cell(r, c) for c in cols) + " |" for r in summary]
+    return lines
+
+
 def to_markdown(sweep: Sweep, rows: Sequence[dict], cols: Sequence[str]) -> str:
-    """A markdown page: a one-line summary and the results table.
+    """A markdown page: a one-line summary, the results table and, for a grid with an
+    axis over ``run.seed``, the results over the seeds.
 
     Example::
 
@@ -161,6 +247,7 @@ def to_markdown(sweep: Sweep, rows: Sequence[dict], cols: Sequence[str]) -> str:
     lines += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for row in rows:
         lines.append("| " + " | ".join(_md_cell(c, row.get(c)) for c in cols) + " |")
+    lines += _seed_table(sweep, rows)
     return "\n".join(lines) + "\n"
 
 
@@ -199,7 +286,11 @@ def fastest_line(rows: Sequence[dict], sweep: Sweep, with_link: bool = True) -> 
 
 
 def write_results(sweep: Sweep, rows: Sequence[dict], sweep_dir: Path) -> None:
-    """Write ``results.csv`` and ``results.md`` atomically into ``sweep_dir``."""
+    """Write ``results.csv`` and ``results.md`` (and ``results_seeds.csv`` for a grid with
+    an axis over ``run.seed``) atomically into ``sweep_dir``."""
     cols = columns(sweep)
     atomic_write_text(sweep_dir / "results.csv", to_csv(rows, cols))
+    if seed_axis(sweep) is not None:
+        atomic_write_text(sweep_dir / "results_seeds.csv",
+                          to_csv(seed_rows(sweep, rows), seed_columns(sweep)))
     atomic_write_text(sweep_dir / "results.md", to_markdown(sweep, rows, cols))

@@ -663,6 +663,49 @@ def test_each_report_uses_the_baseline_of_the_results_table(tmp_path, monkeypatc
         "t-topk-seed_0": ("topk", "0", "t-dense-seed_0"), "t-topk-seed_1": ("topk", "1", "t-dense-seed_1")}
 
 
+def test_the_seed_summary_is_the_mean_and_sd_over_the_seeds_that_finished(tmp_path):
+    """One row per point of the other axes: exact means and sample sds over the finished
+    seeds, a failed seed counted out, a missing number left out of its measure only."""
+    sweep = sws.parse_sweep({**SEEDS, "grid": {**SEEDS["grid"], "run.seed": [0, 1, 2]}})
+    assert swr.seed_axis(sweep).name == "run.seed"
+
+    def row(c, seed, status, wall, top1, speedup):
+        return {"name": f"t-{c}-seed_{seed}", "c": c, "run.seed": str(seed), "status": status,
+                "metric": "top1", "final_metric": top1, "wall_time_s": wall,
+                "mean_samples_per_sec": wall and 1000.0 / wall, "speedup": speedup,
+                "comm_saving": None if speedup is None else 10.0, "floats_vs_dense": 0.1}
+    rows = [row("dense", 0, "ok", 20.0, 0.75, 1.0), row("dense", 1, "ok", 22.0, 0.70, 1.0),
+            row("dense", 2, "ok", 24.0, 0.80, 1.0),
+            row("topk", 0, "ok", 10.0, 0.70, 2.0), row("topk", 1, "ok", 11.0, 0.60, None),
+            row("topk", 2, "failed", None, None, None)]
+    dense, topk = swr.seed_rows(sweep, rows)
+    assert (dense["c"], dense["seeds"], dense["metric"]) == ("dense", "3 of 3", "top1")
+    assert dense["wall_time_s_mean"] == 22.0 and dense["wall_time_s_sd"] == 2.0
+    assert dense["final_metric_mean"] == pytest.approx(0.75, abs=1e-15)
+    assert dense["final_metric_sd"] == pytest.approx(0.05, abs=1e-15)
+    assert (topk["seeds"], topk["wall_time_s_mean"]) == ("2 of 3", 10.5)
+    assert topk["wall_time_s_sd"] == pytest.approx(0.5 ** 0.5, abs=1e-15)
+    # One seed's speedup: a mean, no sd.
+    assert (topk["speedup_mean"], topk["speedup_sd"]) == (2.0, None)
+    swr.write_results(sweep, rows, tmp_path)
+    with open(tmp_path / "results_seeds.csv", newline="") as f:
+        table = list(csv.DictReader(f))
+    assert list(table[0])[:5] == ["c", "seeds", "metric", "final_metric_mean", "final_metric_sd"]
+    assert [(r["c"], r["seeds"], r["speedup_sd"]) for r in table] == [
+        ("dense", "3 of 3", "0.0"), ("topk", "2 of 3", "")]
+    md = (tmp_path / "results.md").read_text()
+    assert "## Over the seeds (run.seed)" in md
+    assert "| topk | 2 of 3 | top1 | 0.65 ± 0.07071 | 10.50 ± 0.71 | 95.5 ± 6.4 | 2.00x | " \
+           "10.00x | 0.1 ± 0 |" in md
+    # Seeds set by tagged entries count too; a grid without a seed axis has no summary.
+    tagged = sws.parse_sweep({**SEEDS, "grid": {"c": SEEDS["grid"]["c"], "s": [
+        {"set": {"run.seed": 3}, "tag": "a"}, {"set": {"run.seed": 4}, "tag": "b"}]}})
+    assert swr.seed_axis(tagged).name == "s"
+    plain = sws.parse_sweep({**SEEDS, "grid": {"c": SEEDS["grid"]["c"], "s": [
+        {"set": {"run.seed": 3, "run.steps": 5}}, {"set": {"run.seed": 4}}]}})
+    assert swr.seed_axis(plain) is None and swr.seed_rows(plain, rows) == []
+
+
 def test_report_groups_one_baseline_one_report_and_failed_baselines_apart():
     names = ["d0", "k0", "d1", "k1"]
     baselines = {"d0": "d0", "k0": "d0", "d1": "d1", "k1": "d1"}
