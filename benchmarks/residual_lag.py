@@ -36,7 +36,7 @@ from end_to_end import WORKLOADS  # noqa: E402
 from layer_gains import endless_batches, one_process  # noqa: E402
 
 from gravac.comm import LocalComm  # noqa: E402
-from gravac.controllers import Method, Static  # noqa: E402
+from gravac.controllers import Auto, Method, Static  # noqa: E402
 from gravac.engine import wrap_optimizer  # noqa: E402
 
 #: Steps a trial measures at most in this table's "first steps" columns (Auto's default
@@ -149,6 +149,13 @@ def main(argv=None) -> int:
             Method.parse(text)
         except ValueError as exc:
             parser.error(f"--methods {text}: {exc}")
+    # The ranges controller: auto takes them in, checked by its own rules.
+    for flag, option in (("--epsilon", {"epsilon": args.epsilon}),
+                         ("--lag", {"low_rank_lag": args.lag})):
+        try:
+            Auto(**option)
+        except ValueError as exc:
+            parser.error(f"argument {flag}: {exc}")
     if args.result_set:
         result_set.check_name(args.result_set)
     torch.set_num_threads(1)

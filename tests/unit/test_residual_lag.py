@@ -49,3 +49,12 @@ def test_steps_below_1_are_refused_not_read_as_the_default(capsys):
     with pytest.raises(SystemExit):
         main(["--steps", "0", "--workloads", "wide_cnn", "--methods", "dense"])
     assert "argument --steps: must be >= 1, got 0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--lag", "0"], "argument --lag: Auto(low_rank_lag=0.0): must be in (0, 1]"),
+    (["--epsilon", "1.5"], "argument --epsilon: Auto(epsilon=1.5): must be in (0, 1]")])
+def test_thresholds_outside_autos_ranges_are_refused_before_any_run(argv, message, capsys):
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2 and message in capsys.readouterr().err
