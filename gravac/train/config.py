@@ -4,7 +4,9 @@ A run is described by one or more YAML files (later files override earlier ones,
 key) and ``--set key.path=value`` overrides (values parsed as YAML scalars, never with
 ``eval``). The result is checked against the dataclasses below before any work starts:
 an unknown key, a wrong type or a value out of range raises ``ConfigError`` with one
-line naming the key, the value and what is allowed.
+line naming the key, the value and what is allowed. Every controller's section
+(``compression.gravac``, ``.accordion``, ``.auto``) is checked, the ones of controllers not
+in use too.
 
 Example::
 
@@ -631,6 +633,15 @@ def validate(cfg: Config) -> None:
             build_controller(c)
         except ValueError as exc:
             raise ConfigError(_config_key_error(c.controller, str(exc))) from None
+    # The sections of the controllers not in use are checked too: a sweep axis or a --set
+    # of compression.controller turns them on, and a bad value found then wastes the runs
+    # before it.
+    for name in CONTROLLER_SECTIONS:
+        if name != c.controller:
+            try:
+                _section_controller(c, name)
+            except ValueError as exc:
+                raise ConfigError(_config_key_error(name, str(exc))) from None
 
 
 def engine_options(cfg: Config, **front_end) -> GravacOptions:
@@ -736,6 +747,13 @@ def build_controller(c: CompressionConfig):
         return None
     if c.controller == "static":
         return Static(cf=c.cf, rank=c.rank)
-    component, options = {"gravac": (GraVAC, c.gravac), "accordion": (Accordion, c.accordion),
-                          "auto": (Auto, c.auto)}[c.controller]
-    return component(**dataclasses.asdict(options))
+    return _section_controller(c, c.controller)
+
+
+#: The controllers configured by a section of their own (``compression.<name>``).
+CONTROLLER_SECTIONS = {"gravac": GraVAC, "accordion": Accordion, "auto": Auto}
+
+
+def _section_controller(c: CompressionConfig, name: str):
+    """The controller of section ``compression.<name>`` (``CONTROLLER_SECTIONS``)."""
+    return CONTROLLER_SECTIONS[name](**dataclasses.asdict(getattr(c, name)))

@@ -264,6 +264,25 @@ def test_controller_auto_from_a_config_and_its_errors_name_the_key():
     assert load_config(files, ["compression.overlap=true"]).compression.overlap
 
 
+@pytest.mark.parametrize("controller", ["dense", "static", "gravac", "accordion", "auto"])
+def test_a_bad_value_in_any_controllers_section_is_refused_whichever_runs(controller):
+    """A sweep axis or a --set of compression.controller turns another section on: its
+    bad value is named now, not after the runs before it."""
+    base = [str(REPO / "configs/demo.yaml")]
+    sets = [f"compression.controller={controller}"] + \
+        (["compression.cf=10"] if controller == "static" else [])
+    load_config(base, sets)
+    for bad, message in ((["compression.auto.methods=[sparse:10]"],
+                          "compression.auto.methods=['sparse:10']: must include 'dense'"),
+                         (["compression.auto.epsilon=2"],
+                          "compression.auto.epsilon=2.0: must be in (0, 1]"),
+                         (["compression.accordion.eta=-1"],
+                          "compression.accordion.eta=-1.0: eta must be a number > 0"),
+                         (["compression.gravac.window=0"], "compression.gravac.window=0: ")):
+        with pytest.raises(ConfigError, match="^" + re.escape(message)):
+            load_config(base, sets + bad)
+
+
 # -- run.backend against the launcher (issue 37, item 6) -----------------------------------------
 TORCHRUN_ENV = {"TORCHELASTIC_RUN_ID": "x", "LOCAL_RANK": "0", "WORLD_SIZE": "2"}
 HOROVODRUN_ENV = {"HOROVOD_RANK": "0", "HOROVOD_SIZE": "2"}
