@@ -82,7 +82,7 @@ METHODS: dict[str, tuple[str, list[str]]] = {
     "static_topk_10x": ("static_topk_10x.yaml", []),
     "static_topk_40x": ("static_topk_10x.yaml", ["compression.cf=40"]),
     "static_topk_1000x": ("static_topk_1000x.yaml", []),
-    # Overlap with backward (issue 14, docs/ALGORITHM.md §12): buckets of 1 MiB (the LSTM's
+    # Overlap with backward (docs/ALGORITHM.md §12): buckets of 1 MiB (the LSTM's
     # 21.6 MB would be two buckets at the default 25: the output layer, then the rest); "gravac_dense" is gravac's own dense path (CF 1), what GraVAC runs once
     # settled on dense, against Horovod's and DDP's, which overlap already.
     "static_topk_40x_overlap": ("static_topk_10x.yaml", ["compression.cf=40",
@@ -96,7 +96,7 @@ METHODS: dict[str, tuple[str, list[str]]] = {
     "accordion": ("{accordion}", ["compression.accordion.interval_steps=25",
                                   "compression.accordion.switch_freq=2"]),
     # GraVAC as the paper specifies it (exponential Top-k, window 25 to fit a short run), then
-    # each extension of docs/ALGORITHM.md §8 alone, then E1-E3 together (issue 11).
+    # each extension of docs/ALGORITHM.md §8 alone, then E1-E3 together.
     "gravac_paper": ("gravac_exp_topk.yaml", ["compression.gravac.window=25"]),
     "gravac_e1_scale_eps": ("gravac_exp_topk.yaml", ["compression.gravac.window=25",
                                                      "compression.gravac.scale_up=epsilon"]),
@@ -120,7 +120,7 @@ METHODS: dict[str, tuple[str, list[str]]] = {
                                                             "compression.gravac.decide=previous",
                                                             "compression.overlap=true",
                                                             "compression.bucket_cap_mb=1"]),
-    # Exchanges for many workers (issue 12, docs/ALGORITHM.md §13), against "static_topk_10x"
+    # Exchanges for many workers (docs/ALGORITHM.md §13), against "static_topk_10x"
     # and "gravac_recommended", which use the paper's allgather.
     "static_topk_10x_shared_index": ("static_topk_10x.yaml", ["compression.exchange=shared_index"]),
     "static_topk_10x_hierarchical": ("static_topk_10x.yaml", ["compression.exchange=hierarchical"]),
@@ -437,7 +437,7 @@ PEER_NAMES = {("horovod", "dense"): "Horovod", ("torch", "dense"): "PyTorch DDP"
 
 def peer_table(rate: str, by_backend: dict[str, dict[str, dict]]) -> str | None:
     """Each gravac method's time to the dense target against the fastest peer's (of every
-    backend in this invocation), and its final loss against dense's: issue 13's target
+    backend in this invocation), and its final loss against dense's: the target
     is <= 0.8x the best peer's time with a final loss within 2% of dense."""
     peers = [(PEER_NAMES[(b, m)], runs[m]) for b, runs in by_backend.items()
              for m in PEERS[b] if m in runs and runs[m]["time_to_target"] is not None]

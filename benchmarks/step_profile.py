@@ -9,7 +9,7 @@ after --warmup of every phase the step record holds (gravac/engine/phases.py):
     pack, unpack | waits: NaN flag, gains, exchange | update | step (t_iter)
 
 and the step's floor: t_compute + (bytes this rank sent) / link rate, with the ratio of
-the step to it (issue 17's target: <= 1.5 at a static 40x on the LSTM at 1 Gbit/s).
+the step to it (the target: <= 1.5 at a static 40x on the LSTM at 1 Gbit/s).
 
     sudo .venv/bin/python benchmarks/step_profile.py [--workload lstm]
         [--methods static_topk_40x gravac_recommended] [--rate 1gbit] [--steps 100]

@@ -379,7 +379,7 @@ class GraVAC(Controller):
             # warm-up window and a permanent settling that included dense; the paper's
             # decision on the step's own gains.
             theirs = {"dense_probe_steps": 0, "scale_up": "gain", "gain_measure": "energy",
-                      "warmup_windows": 1, "settle_dense": "permanent (before issue 11)",
+                      "warmup_windows": 1, "settle_dense": "permanent (before the extensions)",
                       "dense_reprobe": None, "decide": "current",
                       "saturation": "lower_cf", **theirs}
         if theirs and theirs != mine:

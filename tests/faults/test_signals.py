@@ -1,4 +1,4 @@
-"""SIGTERM / SIGINT stop a run cleanly (issue 16): every rank agrees at a step boundary,
+"""SIGTERM / SIGINT stop a run cleanly: every rank agrees at a step boundary,
 a checkpoint is written at that step, the line says where, the job exits non-zero and
 --resume continues from there. Launches its own 2-rank jobs, under horovodrun and torchrun."""
 import json

@@ -1,4 +1,4 @@
-"""Checkpoint recovery edges (issue 16): an unreadable latest.json, a save that fails on a
+"""Checkpoint recovery edges: an unreadable latest.json, a save that fails on a
 full disk, pruning after a fallback from a corrupt checkpoint. One process (LocalComm)."""
 import errno
 import json

@@ -92,7 +92,7 @@ def test_set_parses_yaml_values_without_eval():
     (["run.steps=5", "optimizer.lr_warmup_steps=-1"], r"optimizer.lr_warmup_steps=-1: must be >= 0"),
     (["run.steps=5", "optimizer.lr_warmup_start=0"], r"optimizer.lr_warmup_start=0.0: must be in \(0, 1\]"),
     (["run.steps=5", 'run.name="x-{modle}"'], "placeholders may only be"),
-    # issue 16: infinite / NaN numbers, a sparsifier-less compressed controller
+    # infinite / NaN numbers, a sparsifier-less compressed controller
     (["run.steps=5", "optimizer.lr=.inf"], r"optimizer.lr=inf: must be a finite number"),
     (["run.steps=5", "optimizer.lr=.nan"], r"optimizer.lr=nan: must be a finite number"),
     (["run.steps=5", "compression.gravac.epsilon=inf"],
@@ -101,7 +101,7 @@ def test_set_parses_yaml_values_without_eval():
      "compression.compressor='none': compression.controller=gravac needs a sparsifier"),
     (["run.steps=5", "compression.controller=accordion", "compression.compressor=none"],
      "compression.controller=accordion needs a sparsifier"),
-    # issue 14: overlap with backward
+    # overlap with backward
     (["run.steps=5", "compression.controller=dense", "compression.overlap=true"],
      "compression.overlap=true: applies to gravac's optimizer"),
     (["run.steps=5", "compression.controller=static", "compression.compressor=powersgd",
@@ -110,7 +110,7 @@ def test_set_parses_yaml_values_without_eval():
      r"compression.bucket_cap_mb=0.0: must be a number > 0"),
     (["run.steps=5", "compression.controller=gravac", "compression.gravac.decide=later"],
      "decide"),
-    # issue 12: exchanges
+    # exchanges
     (["run.steps=5", "compression.exchange=ring"],
      "compression.exchange='ring': must be one of allgather, allgather_coded, hierarchical, shared_index"),
     (["run.steps=5", "compression.controller=dense", "compression.exchange=shared_index"],
@@ -283,7 +283,7 @@ def test_a_bad_value_in_any_controllers_section_is_refused_whichever_runs(contro
             load_config(base, sets + bad)
 
 
-# -- run.backend against the launcher (issue 37, item 6) -----------------------------------------
+# -- run.backend against the launcher -----------------------------------------
 TORCHRUN_ENV = {"TORCHELASTIC_RUN_ID": "x", "LOCAL_RANK": "0", "WORLD_SIZE": "2"}
 HOROVODRUN_ENV = {"HOROVOD_RANK": "0", "HOROVOD_SIZE": "2"}
 

@@ -94,7 +94,7 @@ def test_benchmark_workloads_dry_run_with_every_gravac_variant(workload, tmp_pat
 @pytest.mark.parametrize("model", [m for m in MODELS if "steps:" in m.read_text()],
                          ids=lambda p: p.stem)
 def test_paper_model_configs_are_long_enough_for_every_gravac_ladder(model):
-    """Issue 11: with no warm-up, a ladder of R rungs measures its top rung in window R-1;
+    """With no warm-up, a ladder of R rungs measures its top rung in window R-1;
     every step-based paper config must leave at least one more window to train at the
     answer (the paper: 1280x from 16K on, with the geometric ladder and window 2000)."""
     import yaml

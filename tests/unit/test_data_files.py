@@ -1,4 +1,4 @@
-"""Bad data files (issue 16): one line naming the file and what is wrong, exit 2, before
+"""Bad data files: one line naming the file and what is wrong, exit 2, before
 any training. The loaders raise DataFileError; train.py shows it as a config error."""
 import pickle
 import subprocess
@@ -56,7 +56,7 @@ def test_bad_ptb_files_name_the_file(tmp_path):
 
 
 def test_a_utf8_byte_order_mark_in_ptb_is_not_a_word(tmp_path):
-    """Issue 37: a file saved with a BOM (some editors do) gained a word "\\ufeff"."""
+    """A file saved with a BOM (some editors do) gained a word "\\ufeff"."""
     write_ptb(tmp_path)
     plain = load_ptb(tmp_path)
     for name in ("ptb.train.txt", "ptb.valid.txt"):

@@ -1,6 +1,6 @@
 """Every train.py command that `train.py --help`, README.md, docs/RELIABILITY.md,
 docs/TRAINING.md and docs/USAGE.md show
-passes --dry-run (issue 16): the files they name exist and the configs resolve. Data roots
+passes --dry-run: the files they name exist and the configs resolve. Data roots
 are pointed at tiny generated CIFAR-10/100 and PTB files; runs go to a temporary folder."""
 import re
 import shlex

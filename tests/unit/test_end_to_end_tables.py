@@ -1,5 +1,5 @@
 """benchmarks/end_to_end.py's arithmetic: when DDP's PowerSGD hook starts, the table that
-puts every gravac method against the fastest peer (issue 13's target), and the table of
+puts every gravac method against the fastest peer (its time-to-target target), and the table of
 ratios over several rounds; its options refused in one line before any run, --summarize-only
 on the runs there are, and a failed run reported without losing the others."""
 import sys

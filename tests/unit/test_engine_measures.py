@@ -1,4 +1,4 @@
-"""What the step engine measures for the controller (issue 11): the gain measure (energy
+"""What the step engine measures for the controller: the gain measure (energy
 vs norm), a dense step's t_iter without the compression it threw away, and the actual CF
 sent. One process (LocalComm); values computed independently in the test."""
 import math
@@ -93,7 +93,7 @@ def test_random_k_at_1_5x_clears_epsilon_only_by_the_norm_measure():
 def test_random_k_config_compresses_as_the_paper_describes(measure, sparse_share):
     """configs/compression/gravac_randomk.yaml (window shortened) on a small regression:
     with its gain measure (norm) every step is sent compressed; the energy measure would
-    send every step dense after computing both levels (issue 11)."""
+    send every step dense after computing both levels."""
     options = yaml.safe_load((REPO / "configs/compression/gravac_randomk.yaml").read_text())
     gravac = dict(options["compression"]["gravac"], window=10)
     assert gravac.pop("gain_measure") == "norm"
@@ -222,7 +222,7 @@ def _controller(kind):
 
 @pytest.mark.parametrize("controller", ["static", "gravac", "accordion"])
 def test_phases_split_local_work_from_waits(controller):
-    """Issue 17: t_compress is local work only, t_comm the waits in the collectives; each
+    """t_compress is local work only, t_comm the waits in the collectives; each
     phase gets its own time. A slow selection shows in t_select alone, late collectives
     in the gains and exchange waits alone (and in the NaN-flag wait where the flags have
     a round of their own: Accordion)."""
@@ -294,7 +294,7 @@ class _RecordingComm(LocalComm):
 
 @pytest.mark.parametrize("controller", ["static", "gravac", "accordion"])
 def test_nan_flags_travel_with_the_steps_data(controller):
-    """Issue 17: the NaN/Inf flags need no round of their own: with Static they ride in
+    """The NaN/Inf flags need no round of their own: with Static they ride in
     the exchange's dense group (no gravac.finite at all; tests/unit/test_nan_flags.py);
     with GraVAC they are in the gains allreduce; Accordion, which observes gradients,
     agrees on them first."""

@@ -1,4 +1,4 @@
-"""Evaluation sets at their edges and what a run says at start (issue 37): fewer test
+"""Evaluation sets at their edges and what a run says at start: fewer test
 samples than ranks, none at all, a PTB validation file of one row per rank; a GraVAC window
 that no run step reaches the end of."""
 from pathlib import Path

@@ -1,4 +1,4 @@
-"""A real full disk (issue 37): a small tmpfs, not a faked OSError. torch reports ENOSPC
+"""A real full disk: a small tmpfs, not a faked OSError. torch reports ENOSPC
 as "RuntimeError: [enforce fail at inline_container.cc:...]"; checkpoints and metrics must
 still end in one line, with no partial checkpoint folder and the earlier checkpoints kept.
 Needs root (to mount); skipped with the reason otherwise."""

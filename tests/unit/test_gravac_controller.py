@@ -156,7 +156,7 @@ def test_saturation_follows_the_table_nothing_is_final():
 
 
 def test_paper_rule_never_locks_in_dense_after_a_critical_phase():
-    """The reproduction of issue 11: a critical phase sends dense (table {1: 1000}), then
+    """The reproduction: a critical phase sends dense (table {1: 1000}), then
     θmin's throughput is 988, below dense's. The paper's rule does not settle on dense:
     dense is not a candidate and every later step compresses while θc climbs the ladder."""
     gains = lambda s, p: (0.5, 0.4) if s < 10 else (0.95, 0.93)

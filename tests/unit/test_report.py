@@ -186,7 +186,7 @@ def test_summary_rows_have_exact_numbers(four_runs):
 
 
 def test_a_killed_runs_last_evaluation_is_not_shown_as_final(tmp_path):
-    """Issue 37: a run without run_end (killed at step 79) showed its mid-run evaluation
+    """A run without run_end (killed at step 79) showed its mid-run evaluation
     as "Final"."""
     from gravac.report.stats import summarize
 
@@ -331,7 +331,7 @@ def test_loss_plot_uses_a_log_scale(tmp_path):
 
 
 def test_time_breakdown_is_the_median_of_each_phase(tmp_path):
-    """Issue 17: the report's "Where the step time goes" table, medians per phase after
+    """The report's "Where the step time goes" table, medians per phase after
     the first 10 steps; runs without phases (dense baselines) get no row."""
     from gravac.engine.phases import LOCAL_PHASES, WAIT_PHASES
     from gravac.report.stats import time_breakdown

@@ -1,4 +1,4 @@
-"""Issue 16: --resume compares the config with the run's own and refuses what may not
+"""--resume compares the config with the run's own and refuses what may not
 change (gravac/train/resume.py), in one line, before anything is loaded or rewritten."""
 from pathlib import Path
 

@@ -1,4 +1,4 @@
-"""One run at a time per run folder (issue 37): a second run, with run.overwrite=true or
+"""One run at a time per run folder: a second run, with run.overwrite=true or
 not, is refused in one line before it deletes anything; a killed run leaves no stale lock;
 run.name may not leave run.output_dir."""
 import json

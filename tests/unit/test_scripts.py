@@ -268,7 +268,7 @@ def test_discover_hosts_prints_the_hosts_file_without_comments(tmp_path):
 
 
 def test_multi_node_checks_the_hostfile_and_passes_it_as_hosts(tmp_path):
-    """Issue 16: blank lines, comments and HOST:N are fine; a bad line is named with its
+    """Blank lines, comments and HOST:N are fine; a bad line is named with its
     number; NP above the slots is refused; horovodrun gets -H HOST:N,..."""
     hosts = tmp_path / "hosts"
     hosts.write_text("# cluster\nnode1 slots=2\n\nnode2:2   # the second\n")
@@ -297,7 +297,7 @@ def test_multi_node_checks_the_hostfile_and_passes_it_as_hosts(tmp_path):
     ("run_torchrun.sh", ["2", "configs/demo.yaml"]),
 ])
 def test_launchers_check_the_config_before_starting_ranks(script, args, tmp_path):
-    """Issue 16: a bad config is train.py --check's one line (exit 2), and no launcher runs."""
+    """A bad config is train.py --check's one line (exit 2), and no launcher runs."""
     venv, calls = _fake_venv(tmp_path)
     proc = subprocess.run(["bash", str(REPO / "hvd_scripts" / script), *args, "--", "--set",
                            "optimizer.lr=.inf"], cwd=REPO, capture_output=True, text=True,
@@ -309,7 +309,7 @@ def test_launchers_check_the_config_before_starting_ranks(script, args, tmp_path
 
 
 def test_a_series_continues_with_resume_as_its_header_says(tmp_path):
-    """Issue 37: `-- --resume` on a series whose runs had not all started failed each of
+    """`-- --resume` on a series whose runs had not all started failed each of
     those with "--resume: no checkpoint". Its horovodrun here is a stand-in that runs the
     real train.py as one process (run.backend=local) and notes each launch."""
     import json
@@ -369,7 +369,7 @@ def test_a_series_continues_with_resume_as_its_header_says(tmp_path):
 
 
 def test_a_ranks_gravac_error_is_the_last_line_after_horovodruns_traceback(tmp_path):
-    """Issue 37: an error inside the ranks (here a run folder another run holds, which
+    """An error inside the ranks (here a run folder another run holds, which
     `train.py --check` does not lock and so cannot see) ended in horovodrun's 25-line
     traceback; the launch script prints the ranks' one line after it. A real 2-rank
     horovodrun job."""

@@ -397,7 +397,7 @@ def test_execute_records_failures_goes_on_and_keeps_results_current(tmp_path, mo
 
 def test_resume_keeps_finished_runs_resumes_the_interrupted_one_and_runs_the_rest(
         tmp_path, monkeypatch, capsys):
-    """Issue 16: `--resume` after an interrupted sweep. t-dense finished (its run_end is the
+    """`--resume` after an interrupted sweep. t-dense finished (its run_end is the
     completed marker), t-topk was interrupted after a checkpoint, t-gravac never started."""
     path = tmp_path / "s.yaml"
     path.write_text(yaml.safe_dump({"name": "t", "set": {"run.steps": 10}, "grid": {"c": [

@@ -1,5 +1,5 @@
 """A signal to a real sweep (hvd_scripts/sweep.py) stops the job it runs, launcher and ranks,
-records that run as interrupted and exits 128 + the signal (issue 37, item 6)."""
+records that run as interrupted and exits 128 + the signal."""
 from __future__ import annotations
 
 import csv

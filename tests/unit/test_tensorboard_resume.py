@@ -1,4 +1,4 @@
-"""TensorBoard after --resume (issue 16): the steps between the checkpoint and the
+"""TensorBoard after --resume: the steps between the checkpoint and the
 interruption appear once, not twice; and the viewer the run prints is installed."""
 import shutil
 import subprocess

@@ -49,7 +49,7 @@ def test_local_backend_trains_and_logs_the_step_record(tmp_path, compression):
 
 
 def test_resuming_a_finished_run_logs_its_final_evaluation_once(tmp_path, capsys):
-    """Issue 16: --resume of a run that has finished must not evaluate (and log) again."""
+    """--resume of a run that has finished must not evaluate (and log) again."""
     sets = [f"run.output_dir={tmp_path}", "run.name=done", "run.steps=20", "run.backend=local",
             "run.progress=never", "run.report=false"]
     first = train(load_config([str(REPO / "configs/demo.yaml")], sets))
@@ -92,7 +92,7 @@ def progress_stdout(tmp_path_factory):
 
 @pytest.mark.parametrize("progress,shown", PROGRESS)
 def test_progress_lines_when_output_is_not_a_terminal(progress_stdout, progress, shown):
-    """Issue 16: under horovodrun (output never a terminal) or into a file, run.progress=auto
+    """Under horovodrun (output never a terminal) or into a file, run.progress=auto
     prints a plain line every tenth of the run: step/total, loss, CF, samples/s, eta."""
     import re
 
