@@ -26,7 +26,7 @@
 #   - passwordless ssh from this machine to every host (`ssh node2 true` must work without
 #     a prompt), and the hosts must reach each other on the network.
 # Controller (how ranks find each other and agree on collectives):
-#   - Gloo (`--gloo`): always available in our build (hvd_scripts/install.sh). Default.
+#   - Gloo (`--gloo`): always available in the build of hvd_scripts/install.sh. Default.
 #   - MPI (`--mpi`): only if Horovod was built with MPI; check with
 #     `.venv/bin/horovodrun --check-build` ("[X] MPI").
 #   Choose with GRAVAC_CONTROLLER=gloo|mpi (default gloo).

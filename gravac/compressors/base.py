@@ -235,8 +235,8 @@ class Compressor(ABC):
         return {}
 
     def load_state_dict(self, state: dict) -> None:
-        """Accepts any earlier state (checkpoints before per-call seeding held a
-        generator state, now not needed)."""
+        """Accepts any state, including the generator state that checkpoints written
+        before per-call seeding (commit 8f9c3ca) hold: per-call seeding does not need it."""
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"

@@ -99,7 +99,7 @@ class GravacHookState:
         if not isinstance(model, torch.nn.Module):
             raise ValueError(f"model must be the torch.nn.Module that DDP wraps (or the DDP "
                              f"model), got {type(model).__name__}")
-        # Checked now: a wrong one failed deep in the first backward.
+        # Checked here: unchecked, a wrong one fails deep in the first backward.
         if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
             raise ValueError(f"optimizer must be the torch.optim.Optimizer that steps the "
                              f"model (or None), got {type(optimizer).__name__}")
