@@ -137,6 +137,12 @@ class GravacOptions:
         _require("sparse" not in kinds or not (compressor.is_dense or compressor.is_lowrank),
                  "compressor", compressor.name, f"controller {controller!r} chooses sparse "
                  "methods, which take a sparsifier: topk, dgc, redsync or randomk")
+        for m in getattr(controller, "methods", ()):
+            # Each method's exchange is built at its first step: a name not in the registry
+            # would fail there, after the steps before it.
+            _require(m.exchange is None or m.exchange in EXCHANGE_KINDS, "auto.methods", m.key,
+                     f"names exchange {m.exchange!r}: write sparse:<cf>@<exchange> with one of "
+                     f"{', '.join(EXCHANGE_KINDS)}, or sparse:<cf> for the configured one")
         default = type(self)().exchange
         _require(self.exchange == default or not (compressor.is_dense or compressor.is_lowrank),
                  "exchange", self.exchange, f"moves sparse selections; compressor "

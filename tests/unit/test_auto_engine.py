@@ -182,6 +182,20 @@ def test_a_low_rank_compressor_is_refused_in_one_line():
     assert all(run_ranks(1, job))
 
 
+@pytest.mark.parametrize("exchange", ["ring", "lowrank"])
+def test_a_method_naming_an_unknown_exchange_is_refused_in_one_line(exchange):
+    """Refused when the optimizer is built, not at the method's first step."""
+    def job(comm):
+        model = _model()
+        with pytest.raises(ValueError, match=rf"^auto.methods='sparse:10@{exchange}': names "
+                                             rf"exchange '{exchange}': write sparse:<cf>@"):
+            wrap_optimizer(torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(),
+                           comm, compressor="topk",
+                           controller=Auto(methods=["dense", f"sparse:10@{exchange}"]))
+        return True
+    assert all(run_ranks(1, job))
+
+
 def test_the_step_record_names_the_method():
     assert Method.parse("sparse:40").key == "sparse:40"
     from gravac.engine.run_record import KINDS, METHOD, STEP, STEP_FIELDS

@@ -121,6 +121,8 @@ def test_set_parses_yaml_values_without_eval():
      "compression.exchange='shared_index': cannot be combined with overlap=true"),
     (["run.steps=5", "compression.exchange=hierarchical", "run.elastic=true"],
      "cannot be combined with run.elastic=true: its host groups"),
+    (["run.steps=5", "compression.controller=auto", "compression.auto.methods=[dense, sparse:10@ring]"],
+     r"compression.auto.methods='sparse:10@ring': names exchange 'ring'"),
     (["run.steps=5", "run.horovod_wait=busy"],
      "run.horovod_wait='busy': must be one of auto, sleep, spin"),
 ])
