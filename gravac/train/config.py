@@ -32,7 +32,7 @@ import yaml
 
 from ..comm.horovod_cycle import PROBLEM as CYCLE_PROBLEM
 from ..comm.horovod_cycle import check_setting as check_cycle_setting
-from ..controllers import Accordion, Auto, GraVAC, Static
+from ..controllers import Accordion, Auto, GraVAC, Method, Static
 from ..engine.options import GravacOptions, OptionError
 
 CONTROLLERS = ("dense", "static", "gravac", "accordion", "auto")
@@ -606,6 +606,9 @@ def validate(cfg: Config) -> None:
              "cannot be combined with run.elastic=true: its host groups are Horovod process "
              "sets, which elastic resets do not rebuild; use exchange: allgather or "
              "shared_index with elastic runs")
+    _require("hierarchical" not in exchanges_named(c) or not r.elastic, "compression.auto.methods", c.auto.methods,
+             "cannot name @hierarchical with run.elastic=true: its host groups are Horovod "
+             "process sets, which elastic resets do not rebuild; name another exchange")
     _require(c.controller == "dense" or c.compressor != "none", "compression.compressor",
              c.compressor, f"compression.controller={c.controller} needs a sparsifier "
              "(topk, dgc, redsync or randomk) or powersgd; for no compression use "
@@ -739,6 +742,22 @@ def _config_key_error(controller: str, message: str) -> str:
     key = f"compression.{option}" if controller == "static" else \
         f"compression.{controller}.{option}"
     return f"{key}={value}: {why}"
+
+
+def exchanges_named(c: CompressionConfig) -> set[str]:
+    """The exchanges a run may build: ``compression.exchange``, and those that
+    ``compression.auto.methods`` name (``sparse:<cf>@<exchange>``), built at the method's
+    first step (a method that does not parse names none: validate reports it)."""
+    named = {c.exchange}
+    if c.controller == "auto":
+        for text in c.auto.methods or ():
+            try:
+                exchange = Method.parse(text).exchange
+            except (ValueError, TypeError):
+                continue
+            if exchange is not None:
+                named.add(exchange)
+    return named
 
 
 def build_controller(c: CompressionConfig):

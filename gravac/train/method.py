@@ -34,7 +34,8 @@ from ..comm import Comm
 from ..controllers import SENT_MIN
 from ..engine import StepStats, wrap_optimizer
 from ..util import sizes
-from .config import Config, build_controller, engine_options, refuse_ddp_only
+from .config import (Config, build_controller, engine_options, exchanges_named,
+                     refuse_ddp_only)
 
 
 def dense_fp16(cfg: Config) -> bool:
@@ -63,9 +64,9 @@ def build_sgd(o, model: torch.nn.Module) -> torch.optim.SGD:
 
 def prepare_environment(cfg: Config) -> None:
     """What the method needs set before the transport starts (``gravac.comm.init``)."""
-    if cfg.compression.exchange == "hierarchical":
-        # Its host groups are Horovod process sets made at run time; Horovod reads this
-        # at hvd.init().
+    if "hierarchical" in exchanges_named(cfg.compression):
+        # Its host groups are Horovod process sets made at run time (an Auto method's at
+        # its first step); Horovod reads this at hvd.init().
         os.environ.setdefault("HOROVOD_DYNAMIC_PROCESS_SETS", "1")
 
 

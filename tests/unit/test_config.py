@@ -1,4 +1,5 @@
 """Config loading: merging, --set overrides, typed validation, one-line errors."""
+import os
 import re
 from pathlib import Path
 
@@ -123,6 +124,9 @@ def test_set_parses_yaml_values_without_eval():
      "cannot be combined with run.elastic=true: its host groups"),
     (["run.steps=5", "compression.controller=auto", "compression.auto.methods=[dense, sparse:10@ring]"],
      r"compression.auto.methods='sparse:10@ring': names exchange 'ring'"),
+    (["run.steps=5", "compression.controller=auto", "run.elastic=true",
+      "compression.auto.methods=[dense, sparse:10@hierarchical]"],
+     r"compression.auto.methods=\['dense', 'sparse:10@hierarchical'\]: cannot name @hierarchical"),
     (["run.steps=5", "run.horovod_wait=busy"],
      "run.horovod_wait='busy': must be one of auto, sleep, spin"),
 ])
@@ -367,3 +371,16 @@ def test_torchrun_with_backend_horovod_stops_before_any_run_starts(tmp_path):
     # have printed its line yet (seen on a loaded machine): at least one line, no run.
     assert proc.stderr.count(line) >= 1, proc.stdout + proc.stderr
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("sets", [["compression.exchange=hierarchical"],
+                                  ["compression.controller=auto",
+                                   "compression.auto.methods=[dense, sparse:10@hierarchical]"]])
+def test_a_run_that_may_build_the_hierarchical_exchange_gets_horovods_process_sets(
+        sets, monkeypatch):
+    """An Auto method naming @hierarchical builds its host groups at its first step, long
+    after hvd.init() read the variable."""
+    from gravac.train.method import prepare_environment
+    monkeypatch.delenv("HOROVOD_DYNAMIC_PROCESS_SETS", raising=False)
+    prepare_environment(load_config([], ["run.steps=5", *sets]))
+    assert os.environ.get("HOROVOD_DYNAMIC_PROCESS_SETS") == "1"
