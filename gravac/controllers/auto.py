@@ -454,7 +454,9 @@ class Auto(Controller):
         s = self._s
         s["step_in_phase"] += 1
         pending, s["pending"] = s["pending"], None
-        measured = record.sent in (SENT_MIN, SENT_DENSE) and record.t_iter is not None
+        # A step without a step time (a resumed process's first) still measures its
+        # gains; the times are the medians of the steps that have one (``_summarise``).
+        measured = record.sent in (SENT_MIN, SENT_DENSE)
         settle, length = self._trial_length() if s["phase"] == "trial" else (0, 0)
         if measured and s["step_in_phase"] > settle:
             gain_min, gain_c = pending if pending is not None else (1.0, None)
@@ -463,7 +465,15 @@ class Auto(Controller):
         if s.pop("abandon", False):
             self._end_trial(record.step, sync, abandoned=True)
         elif s["phase"] == "trial" and s["step_in_phase"] >= settle + length:
-            self._end_trial(record.step, sync)
+            if any(x[0] is not None for x in s["samples"]) or \
+                    s.get("unmeasured", 0) >= length:
+                self._end_trial(record.step, sync)
+            else:
+                # No step of the trial had a step time (a resumed process's first step
+                # has none, nor has a skipped step): it runs on, up to its length again.
+                # Its entry would hold no time, and the method would never be eligible
+                # (fp16's calibration, resumed right after its settling step).
+                s["unmeasured"] = s.get("unmeasured", 0) + 1
         elif s["phase"] == "run":
             reason = self._recheck_reason(s["step_in_phase"], record.step)
             if reason is not None:
@@ -1089,7 +1099,7 @@ class Auto(Controller):
         if phase == "run" and entry is not None and not self._method(key).dense:
             s["delta"], s["delta_c"] = entry["gain"], entry.get("gain_next")
         s.update(phase=phase, current=key, step_in_phase=0, samples=[], trial_gains=[],
-                 confirming=confirming, layer_energy={})
+                 confirming=confirming, layer_energy={}, unmeasured=0)
 
     def _prune_by_gain(self, step: int) -> None:
         """Gains only fall with a higher CF or a lower rank: a gain below ε rules out every

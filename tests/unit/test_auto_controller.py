@@ -41,7 +41,7 @@ def _drive(auto: Auto, steps: int, time_of, gain_of, next_gain_of=lambda m: None
             sent = auto.decide(gain_of(key), next_gain_of(key))
         t = time_of(key)
         auto.end_step(StepRecord(step=step, sent=sent, cf=1.0, gain=1.0, t_iter=t,
-                                 samples=32, extra={"t_comm": comm * t}),
+                                 samples=32, extra={"t_comm": None if t is None else comm * t}),
                       sync or LocalSync())
     return ran
 
@@ -414,6 +414,35 @@ def test_state_dict_resumes_to_the_same_decisions():
     assert ran_a == ran_b and a.decisions == b.decisions
     with pytest.raises(ValueError, match="other options"):
         _auto(epsilon=0.6).load_state_dict(a.state_dict())
+
+
+@pytest.mark.parametrize("methods", [None, ["dense", "fp16"]])
+def test_a_trial_step_without_a_step_time_is_measured_again(methods):
+    """A resumed process's first step has no step time (nor has a skipped step). Resumed
+    right after the calibration's settling step, fp16's probe takes one step more and
+    enters its time: the same choices as the run not interrupted, one step later (fp16's
+    probe left without a time was never eligible again, and Top-k ran the run)."""
+    times = {"dense": 2.0, "fp16": 1.0, "powersgd:4": 0.5, "powersgd:1": 0.4,
+             "sparse:10": 0.7, "sparse:20": 0.55}
+    gains = {"powersgd:4": 0.4, "sparse:10": 0.6, "sparse:20": 0.45}   # fp16's 1.0 wins
+    a = _auto(world=2, methods=methods)
+    _drive(a, 1, times.get, lambda k: gains.get(k, 0.0))     # fp16's settling step
+    b = _auto(world=2, methods=methods)
+    b.load_state_dict(a.state_dict())
+    first = []
+
+    def resumed_time(key):
+        if not first:
+            first.append(key)
+            return None
+        return times.get(key, 0.5)
+    ran_a = _drive(a, 24, lambda k: times.get(k, 0.5), lambda k: gains.get(k, 0.0))
+    ran_b = _drive(b, 25, resumed_time, lambda k: gains.get(k, 0.0))
+    assert first == ["fp16"] and b.table["fp16"]["t"] == 1.0
+    assert ran_b[1:] == ran_a
+    assert [(d["event"], d["method"]) for d in b.decisions] == \
+        [(d["event"], d["method"]) for d in a.decisions]
+    assert [d["method"] for d in b.decisions if d["event"] == "chosen"][0] == "fp16"
 
 
 def _recheck_between_fp16_and_dense(t_dense_later: float, **kw) -> tuple[Auto, list]:
