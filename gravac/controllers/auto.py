@@ -229,6 +229,11 @@ class Auto(Controller):
                  switch_margin: float = SWITCH_MARGIN, decide: str = DECIDE):
         def bad(name, value, allowed):
             return ValueError(f"Auto({name}={value!r}): {allowed}")
+
+        def number(value):
+            # (A str or None would fail the range checks below with a bare TypeError, and
+            # True would pass them as 1.)
+            return isinstance(value, (int, float)) and not isinstance(value, bool)
         if isinstance(methods, str):     # list("dense") would be five one-letter methods
             raise bad("methods", methods, "must be a list of methods, e.g. "
                       "['dense', 'fp16', 'powersgd:4', 'sparse:40']")
@@ -245,16 +250,12 @@ class Auto(Controller):
                       "measured against)")
         if len(set(keys)) != len(keys):
             raise bad("methods", texts, "lists a method twice")
-        if not 0 < epsilon <= 1:
+        if not (number(epsilon) and 0 < epsilon <= 1):
             raise bad("epsilon", epsilon, "must be in (0, 1]")
-        if epsilon_low_rank is not None and (
-                isinstance(epsilon_low_rank, bool)
-                or not isinstance(epsilon_low_rank, (int, float))
-                or not 0 < epsilon_low_rank <= 1):
+        if epsilon_low_rank is not None and not (
+                number(epsilon_low_rank) and 0 < epsilon_low_rank <= 1):
             raise bad("epsilon_low_rank", epsilon_low_rank, "must be in (0, 1] or None")
-        if low_rank_lag is not None and (
-                isinstance(low_rank_lag, bool) or not isinstance(low_rank_lag, (int, float))
-                or not 0 < low_rank_lag <= 1):
+        if low_rank_lag is not None and not (number(low_rank_lag) and 0 < low_rank_lag <= 1):
             raise bad("low_rank_lag", low_rank_lag, "must be in (0, 1] or None")
         if low_rank_lag is not None and epsilon_low_rank is not None:
             raise bad("low_rank_lag", low_rank_lag, "set it or epsilon_low_rank, not both "
@@ -265,9 +266,9 @@ class Auto(Controller):
                 raise bad(name, value, f"must be an int >= {low}")
         for name, value in (("recheck_within", recheck_within), ("tolerance", tolerance),
                             ("switch_margin", switch_margin)):
-            if not value >= 0:
+            if not (number(value) and value >= 0):
                 raise bad(name, value, "must be a number >= 0")
-        if alpha is not None and not 0 < alpha <= 1:
+        if alpha is not None and not (number(alpha) and 0 < alpha <= 1):
             raise bad("alpha", alpha, "must be in (0, 1] or None")
         if not isinstance(split_layers, bool):
             raise bad("split_layers", split_layers, "must be true or false")

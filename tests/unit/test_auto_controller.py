@@ -81,7 +81,13 @@ def test_a_sparse_method_picks_its_exchange_by_the_world():
     ({"epsilon_low_rank": True}, "epsilon_low_rank"), ({"switch_margin": -0.1}, "switch_margin"),
     ({"low_rank_lag": 0}, "low_rank_lag"), ({"low_rank_lag": 1.5}, "low_rank_lag"),
     ({"low_rank_lag": True}, "low_rank_lag"),
-    ({"low_rank_lag": 0.1, "epsilon_low_rank": 0.3}, "not both")])
+    ({"low_rank_lag": 0.1, "epsilon_low_rank": 0.3}, "not both"),
+    ({"epsilon": "0.5"}, r"Auto\(epsilon='0.5'\): must be in \(0, 1\]"),
+    ({"epsilon": None}, r"Auto\(epsilon=None\)"), ({"epsilon": True}, r"Auto\(epsilon=True\)"),
+    ({"tolerance": "0.1"}, r"Auto\(tolerance='0.1'\): must be a number"),
+    ({"switch_margin": None}, r"Auto\(switch_margin=None\)"),
+    ({"recheck_within": True}, r"Auto\(recheck_within=True\)"),
+    ({"alpha": "0.1"}, r"Auto\(alpha='0.1'\)"), ({"alpha": True}, r"Auto\(alpha=True\)")])
 def test_bad_options_name_the_option(kw, match):
     with pytest.raises(ValueError, match=match):
         Auto(**kw)
