@@ -466,15 +466,7 @@ class Auto(Controller):
         if s.pop("abandon", False):
             self._end_trial(record.step, sync, abandoned=True)
         elif s["phase"] == "trial" and s["step_in_phase"] >= settle + length:
-            if any(x[0] is not None for x in s["samples"]) or \
-                    s.get("unmeasured", 0) >= length:
-                self._end_trial(record.step, sync)
-            else:
-                # No step of the trial had a step time (a resumed process's first step
-                # has none, nor has a skipped step): it runs on, up to its length again.
-                # Its entry would hold no time, and the method would never be eligible
-                # (fp16's calibration, resumed right after its settling step).
-                s["unmeasured"] = s.get("unmeasured", 0) + 1
+            self._end_trial(record.step, sync, may_run_on=s.get("unmeasured", 0) < length)
         elif s["phase"] == "run":
             reason = self._recheck_reason(s["step_in_phase"], record.step)
             if reason is not None:
@@ -731,11 +723,13 @@ class Auto(Controller):
 
     # -- between phases (every rank, same order; rank 0's measurements) --------------------
     def _measure(self, step: int, sync: Sync, reason: str | None = None,
-                 gains: dict | None = None) -> dict:
+                 gains: dict | None = None, untimed: bool = False) -> dict | None:
         """The current method's table entry from this phase's samples: rank 0's,
         broadcast (only rank 0's timings count, as in GraVAC). ``reason``: why a run is
         re-checked (logged with the entry); ``gains``: the entry's gains, where they are
-        not the measured steps' (an abandoned trial)."""
+        not the measured steps' (an abandoned trial). ``untimed``: an entry without a step
+        time is not entered; None instead, on every rank alike (the broadcast says it: a
+        rank's own steps may have had times where rank 0's had none)."""
         entry = self._summarise() if sync.rank == 0 else None
         if entry is not None and gains is not None:
             entry.update(gains)
@@ -756,6 +750,8 @@ class Auto(Controller):
                 # (rank 4 on the wide CNN, 1 step at 0.49 after a trial of 4).
                 entry["filled"] = True
         entry = sync.broadcast_object(entry, name="gravac.auto.measure")
+        if untimed and entry["t"] is None:
+            return None
         self._s["table"][self._s["current"]] = entry
         self._s.setdefault("measured_at", {})[self._s["current"]] = step
         extra = {} if reason is None else {"reason": reason}
@@ -852,10 +848,13 @@ class Auto(Controller):
         stale)."""
         return (1 - self.recheck_within) * self._epsilon(key)
 
-    def _end_trial(self, step: int, sync: Sync, abandoned: bool = False) -> None:
+    def _end_trial(self, step: int, sync: Sync, abandoned: bool = False,
+                   may_run_on: bool = False) -> None:
         """The trial's entry, its gains' verdict on the queue, the next trial or the choice.
         ``abandoned``: its mean gain so far fell far below ε (``decide``); the entry's gain
-        is that mean over the trial's measured steps."""
+        is that mean over the trial's measured steps. ``may_run_on``: a trial none of whose
+        steps had a step time on rank 0 runs on a step instead (``_measure``'s
+        ``untimed``)."""
         if abandoned:
             gains = self._measured_gains()
             nexts = [c for _, c in gains if c is not None]
@@ -876,8 +875,13 @@ class Auto(Controller):
             self._measure(step, sync, gains={
                 "gain": statistics.fmean(g for g, _ in gains),
                 "gain_next": statistics.fmean(nexts) if nexts else None})
-        else:
-            self._measure(step, sync)
+        elif self._measure(step, sync, untimed=may_run_on) is None:
+            # No step of the trial had a step time on rank 0, whose times count (a resumed
+            # process's first step has none, nor has a skipped step): it runs on, up to its
+            # length again. Its entry would hold no time, and the method would never be
+            # eligible (fp16's calibration, resumed right after its settling step).
+            self._s["unmeasured"] = self._s.get("unmeasured", 0) + 1
+            return
         s = self._s
         self._note_fill(step, s["current"], abandoned)
         climb = s.get("climb")

@@ -1294,3 +1294,33 @@ def test_ranks_whose_own_step_times_differ_make_the_same_choices(slow):
     a1, ran1 = run(slow, rank1)
     assert ran0 == ran1 and a0.decisions == a1.decisions and rank1.sent == []
     assert ran0[8:] == ["powersgd:4"] * 22          # no re-check: far ahead at 0.7
+
+
+@pytest.mark.parametrize("untimed_rank", [0, 1])
+def test_a_trial_untimed_on_one_rank_only_ends_alike_on_both(untimed_rank):
+    """Whether an untimed trial runs on decides a broadcast, so it is rank 0's call, shared
+    by the measure's broadcast: a joining or resumed rank whose first step has no step
+    time while the other's has one (elastic) makes the same choices, and each rank
+    broadcasts exactly when rank 0 does (no hang)."""
+    times = {"dense": 2.0, "fp16": 1.0, "powersgd:4": 0.5, "powersgd:1": 0.4,
+             "sparse:10": 0.7, "sparse:20": 0.55}
+    gains = {"powersgd:4": 0.4, "sparse:10": 0.6, "sparse:20": 0.45}
+
+    def run(rank, sync):
+        a = _auto(world=2)
+        _drive(a, 1, times.get, lambda k: gains.get(k, 0.0))     # fp16's settling step
+        a.bind(list(SHAPES), sync)
+        first = []
+
+        def time_of(key):
+            if rank == untimed_rank and not first:
+                first.append(key)
+                return None
+            return times.get(key, 0.5)
+        return a, _drive(a, 25, time_of, lambda k: gains.get(k, 0.0), sync=sync)
+    rank0 = _Rank0Sync()
+    a0, ran0 = run(0, rank0)
+    rank1 = _Rank1Sync(rank0.sent)
+    a1, ran1 = run(1, rank1)
+    assert ran0 == ran1 and a0.decisions == a1.decisions and rank1.sent == []
+    assert a0.table["fp16"]["t"] == 1.0
