@@ -606,7 +606,8 @@ def validate(cfg: Config) -> None:
              "cannot be combined with run.elastic=true: its host groups are Horovod process "
              "sets, which elastic resets do not rebuild; use exchange: allgather or "
              "shared_index with elastic runs")
-    _require("hierarchical" not in exchanges_named(c) or not r.elastic, "compression.auto.methods", c.auto.methods,
+    _require("hierarchical" not in exchanges_named(c) or not r.elastic,
+             "compression.auto.methods", c.auto.methods,
              "cannot name @hierarchical with run.elastic=true: its host groups are Horovod "
              "process sets, which elastic resets do not rebuild; name another exchange")
     _require(c.controller == "dense" or c.compressor != "none", "compression.compressor",
