@@ -16,13 +16,14 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import sys
 import threading
 import time
 from pathlib import Path
 
-from ..engine.run_record import (EVAL, KINDS, METRICS_FILE, NUMBER, RANKS_DIR, RUN_END, STEP,
-                                 TENSORBOARD_TAGS, WINDOW)
+from ..engine.run_record import (EVAL, KINDS, METHOD, METRICS_FILE, NUMBER, RANKS_DIR,
+                                 RUN_END, STEP, TENSORBOARD_TAGS, WINDOW)
 from ..util.atomic import write_problem
 from .checkpoint import latest_info
 
@@ -33,6 +34,11 @@ _WINDOW_SCALARS = tuple(name for name, type_ in KINDS[WINDOW].fields.items()
 
 def _finite(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _tag_name(method) -> str:
+    """A method's name as TensorBoard keeps it in a tag (it replaces ':' and '@' itself)."""
+    return re.sub(r"[^\w.-]", "_", str(method))
 
 
 PLAIN_EVERY_S = 60.0       # at most this long between two plain progress lines
@@ -201,6 +207,32 @@ class RunLogger:
             self._writer.add_scalar("gravac/settled", float(bool(entry.get("settled"))), step)
             if "on_dense" in entry:      # settle_dense (E3): training dense
                 self._writer.add_scalar("gravac/on_dense", float(bool(entry["on_dense"])), step)
+        elif kind == METHOD:
+            self._method_event(entry, step)
+
+    def _method_event(self, entry: dict, step: int) -> None:
+        """Auto's event (``run_record.METHOD``): its line under the text tag ``auto/events``;
+        a measured entry's step time and gain under ``auto/step_time/<method>`` and
+        ``auto/gain/<method>``; a choice's scores under ``auto/score/<method>`` and the
+        chosen method's name as text under ``auto/chosen``, with ``<method>`` spelled as
+        TensorBoard keeps tags (``powersgd_4``, ``sparse_40_shared_index``). (The step's
+        own ``cf`` cannot tell methods apart: dense and fp16 both send at CF 1.)"""
+        method, event = entry.get("method"), entry.get("event")
+        details = ", ".join(f"{k}={v:.4g}" if _finite(v) else f"{k}={v}"
+                            for k, v in entry.items()
+                            if k not in ("kind", "step", "time", "event", "method", "scores"))
+        self._writer.add_text("auto/events", f"step {step}: {event} {method}"
+                              + (f" ({details})" if details else ""), step)
+        if event == "measured":
+            for key, tag in (("t", "step_time"), ("gain", "gain")):
+                if _finite(entry.get(key)):
+                    self._writer.add_scalar(f"auto/{tag}/{_tag_name(method)}", entry[key],
+                                            step)
+        elif event == "chosen":
+            self._writer.add_text("auto/chosen", str(method), step)
+            for name, score in (entry.get("scores") or {}).items():
+                if _finite(score):
+                    self._writer.add_scalar(f"auto/score/{_tag_name(name)}", score, step)
 
     def progress(self, step: int, **fields) -> None:
         if self._plain:
