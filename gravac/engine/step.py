@@ -361,7 +361,8 @@ class StepEngine:
         if self.controller.observes_gradients:   # the same on every rank
             bad_ranks = self._agree_flags(state.local_bad, clock)
             if bad_ranks:
-                return self.skip(state.step, bad_ranks, clock, t_compute, state.limit_skips)
+                return self.skip(state.step, bad_ranks, clock, t_compute, state.limit_skips,
+                                 plan=state.plan)
             state.flags_agreed = True
         if self.controller.wants_gradients:      # may differ per rank: no collective here
             self.controller.observe_gradients(
@@ -599,7 +600,8 @@ class StepEngine:
             # What arrived is not written (dense buckets were reduced in place, but the
             # step is skipped); residuals go back.
             self.memory.rollback_step()
-            return self.skip(state.step, bad_ranks, clock, t_compute, state.limit_skips)
+            return self.skip(state.step, bad_ranks, clock, t_compute, state.limit_skips,
+                             plan=state.plan)
         for pending in state.pendings:
             pending.unpack()
         clock.lap("t_unpack", sync=True)
@@ -675,7 +677,7 @@ class StepEngine:
             t_compute=t_compute, t_compress=clock.local(), t_comm=clock.waits(),
             t_discarded=discarded_time(clock.times, went_dense, bool(state.planned)),
             **clock.times, layer_cf=layer_cf,
-            method=None if plan.method is None else plan.method_name or plan.method.key)
+            method=_method_name(plan))
 
     def end_step(self, stats: StepStats, samples: float | None) -> None:
         """Tell the controller how the step went (every rank, same order); fills the
@@ -786,10 +788,11 @@ class StepEngine:
         return flagged_ranks(flags)
 
     def skip(self, step: int, bad_ranks: list[int], clock: PhaseClock, t_compute,
-             limit_skips: bool = True) -> StepStats:
+             limit_skips: bool = True, plan: StepPlan | None = None) -> StepStats:
         """A step some rank's NaN/Inf stops, on every rank: every gradient becomes NaN
         (what reads them next, clipping or AMP's GradScaler, sees the skip on every rank
-        alike; they held a mix of local and partly averaged values), nothing is updated."""
+        alike; they held a mix of local and partly averaged values), nothing is updated.
+        ``plan``: the step's, whose method the record names."""
         for layer in self.layers:
             if layer.param.grad is not None:
                 layer.param.grad.fill_(float("nan"))
@@ -805,6 +808,7 @@ class StepEngine:
                 f"{', '.join(map(str, bad_ranks))}; stopping: {why}. Lower the learning rate, "
                 "clip gradients (optimizer.grad_clip) or check the data of those ranks.")
         return StepStats(step=step, sent=SENT_SKIPPED, cf=1.0, nonfinite_ranks=bad_ranks,
+                         method=_method_name(plan),
                          dense_floats=sum(l.numel for l in self.layers),
                          t_compute=t_compute, t_compress=clock.local(), t_comm=clock.waits(),
                          t_update=0.0, **clock.times)
@@ -839,6 +843,13 @@ class StepEngine:
         self.compressor.load_state_dict(follow_devices(state.get("compressor", {}), like))
         if self._extra_lowrank is not None:
             self._extra_lowrank.load_state_dict(follow_devices(state.get("lowrank", {}), like))
+
+
+def _method_name(plan: StepPlan | None) -> str | None:
+    """What a step record names as the step's method: the plan's (Auto's), else None."""
+    if plan is None or plan.method is None:
+        return None
+    return plan.method_name or plan.method.key
 
 
 def densify_grad(layer: Layer) -> None:

@@ -203,6 +203,23 @@ def test_the_step_record_names_the_method():
     assert {"event", "method", "reason", "scores"} <= set(KINDS[METHOD].fields)
 
 
+@pytest.mark.parametrize("key", ["fp16", "powersgd:4", "sparse:10"])
+def test_a_skipped_steps_record_names_its_method(key):
+    """A NaN on one rank skips the step on both; its record still names the method that
+    ran, so the report's exploration cost counts the step under that method."""
+    def job(comm):
+        model = _model()
+        opt, ctrl = _optimizer(comm, model)
+        ctrl._switch(key, "run")
+        opt.zero_grad()
+        _backward(model, torch.Generator().manual_seed(1))
+        if comm.rank == 1:
+            next(model.parameters()).grad[0, 0] = float("nan")
+        opt.step()
+        return opt.last_stats.sent, opt.last_stats.method
+    assert run_ranks(2, job) == [("skipped", key)] * 2
+
+
 def test_per_layer_gains_are_the_ranks_sums_and_a_split_sends_its_layers_dense():
     """With split_layers a Top-k step agrees its gains per layer: each layer's row is the
     sum over ranks of its kept energy and g_ef's (independent Top-k here), and the whole
