@@ -15,6 +15,8 @@ Example::
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 
 #: The kinds of method, in the order ``Auto`` lists its default candidates.
@@ -43,8 +45,9 @@ class Method:
                 else "takes no level"))
         if self.kind == "powersgd" and not (self.level >= 1 and float(self.level).is_integer()):
             raise ValueError(f"method powersgd:{self.level:g}: the rank must be an int >= 1")
-        if self.kind == "sparse" and not self.level > 1:
-            raise ValueError(f"method sparse:{self.level:g}: the CF must be > 1 (1 is dense)")
+        if self.kind == "sparse" and not 1 < self.level < math.inf:
+            raise ValueError(f"method sparse:{self.level:g}: the CF must be a finite number > 1 (1 is "
+                             "dense)")
         if self.exchange is not None and self.kind != "sparse":
             raise ValueError(f"method {self.key}: only sparse methods name an exchange")
 
@@ -65,9 +68,10 @@ class Method:
 
     def exchange_for(self, world: int, default: str) -> str:
         """The exchange a sparse method travels by: the one it names; else ``default``
-        (the engine's ``options.exchange``) while its CF exceeds the ranks, where an
-        allgather of every rank's selection is still smaller than dense; else
-        ``shared_index`` (one index set, values by allreduce: docs/ALGORITHM.md §13)."""
+        (the engine's ``options.exchange``), except that the plain ``allgather`` gives way
+        to ``shared_index`` (one index set, values by allreduce: docs/ALGORITHM.md §13)
+        where the CF does not exceed the ranks, and an allgather of every rank's selection
+        would be larger than dense."""
         if self.exchange is not None:
             return self.exchange
         return default if self.level > world or default != "allgather" else "shared_index"

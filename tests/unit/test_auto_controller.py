@@ -56,7 +56,7 @@ def test_methods_are_written_one_way():
     assert Method.parse("sparse:40@shared_index").key == "sparse:40@shared_index"
     assert Method("fp16").dense and not Method("sparse", 10.0).dense
     for bad in ("ring", "sparse", "powersgd:1.5", "dense:3", "sparse:1", "fp16@allgather",
-                "sparse:x"):
+                "sparse:x", "sparse:inf", "sparse:nan", "powersgd:inf"):
         with pytest.raises(ValueError, match="method"):
             Method.parse(bad)
 
