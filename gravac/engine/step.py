@@ -856,12 +856,16 @@ def densify_grad(layer: Layer) -> None:
     """A layer's gradient as a dense tensor, zeros where it has none: every rank must
     send every layer (another rank may have a gradient for it); sparse embedding
     gradients are compressed or averaged like any other layer (the optimizer then sees a
-    dense gradient, as with sparse_as_dense)."""
+    dense gradient, as with sparse_as_dense). A gradient in another memory layout (a
+    channels_last conv weight's) is made contiguous: the exchanges write the averages
+    into flat views of it."""
     grad = layer.param.grad
     if grad is None:
-        layer.param.grad = torch.zeros_like(layer.param)
+        layer.param.grad = torch.zeros_like(layer.param, memory_format=torch.contiguous_format)
     elif grad.is_sparse:
         layer.param.grad = grad.to_dense()
+    elif not grad.is_contiguous():
+        layer.param.grad = grad.contiguous()
 
 
 #: id(controller or compressor) -> (it, the engine it serves), both held weakly.
