@@ -463,3 +463,76 @@ def test_a_non_finite_step_leaves_residuals_and_q_untouched():
     assert opt.last_stats.skipped
     assert all(torch.equal(opt.memory[n], memory[n]) for n in memory)
     assert all(torch.equal(t, q[n]) for n, t in opt.compressor.state_dict()["q"].items())
+
+
+# -- against PyTorch's own PowerSGD hook ---------------------------------------------------
+@pytest.mark.parametrize("rank", [2, 4, 8])
+def test_steps_equal_torchs_powersgd_hook_in_a_world_of_one(monkeypatch, rank):
+    """DDP's ``powerSGD_hook`` (error feedback, warm start; dense before its start step)
+    and gravac's low-rank path from the same initial Q: the same gradients step by step,
+    conv weights as (out channels) x (the rest), a rank above a layer's smaller side cut to
+    it, and a layer whose factors are not smaller sent dense by both (5 x 96 at rank 8).
+    The hook orthogonalises its warm-start Q and gravac does not: the same span, so the
+    same M̂ up to rounding."""
+    import copy
+    import types
+
+    import torch.distributed as dist
+    import torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook as hook
+
+    from gravac.controllers.base import Controller, StepPlan
+    start = 2
+
+    torch.manual_seed(0)
+    ref = torch.nn.Sequential(torch.nn.Conv2d(8, 16, 3), torch.nn.ReLU(), torch.nn.Flatten(),
+                              torch.nn.Linear(16 * 4 * 4, 96), torch.nn.ReLU(),
+                              torch.nn.Linear(96, 5)).double()
+    mine = copy.deepcopy(ref)
+    cols = {"0.weight": 72, "3.weight": 256, "5.weight": 96}
+    rows = {"0.weight": 16, "3.weight": 96, "5.weight": 5}
+    g = torch.Generator().manual_seed(7)
+    q0 = {c: torch.randn(c, rank, generator=g, dtype=torch.float64) for c in cols.values()}
+
+    class _Torch(types.SimpleNamespace):       # the hook's torch, drawing q0 as its first Q
+        def __getattr__(self, name):
+            return getattr(torch, name)
+
+        @staticmethod
+        def randn(batch, rows, r, device=None, dtype=None):
+            return q0[rows][:, :r].unsqueeze(0).to(dtype)
+    monkeypatch.setattr(hook, "torch", _Torch())
+
+    class Ranks(Controller):
+        uses_ranks = True
+
+        def plan(self, step):
+            if step < start:
+                return StepPlan(theta_min=1.0)
+            return StepPlan(theta_min=2.0, layer_rank={name: rank for name in cols})
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        ddp = torch.nn.parallel.DistributedDataParallel(ref, bucket_cap_mb=100)
+        ddp.register_comm_hook(hook.PowerSGDState(
+            process_group=None, matrix_approximation_rank=rank, start_powerSGD_iter=start,
+            min_compression_rate=1, use_error_feedback=True, warm_start=True,
+            batch_tensors_with_same_shape=False), hook.powerSGD_hook)
+        opt_ref = torch.optim.SGD(ddp.parameters(), lr=0.1)
+        opt = wrap_optimizer(torch.optim.SGD(mine.parameters(), lr=0.1),
+                             mine.named_parameters(), LocalComm(), compressor="powersgd",
+                             controller=Ranks(), min_compress_numel=1)
+        for name, c in cols.items():      # gravac's first Q: q0 too
+            r = min(rank, rows[name], c)
+            opt.compressor.warm_start(name, c, r, like=q0[c]).copy_(q0[c][:, :r])
+        for step in range(6):
+            x = torch.randn(4, 8, 6, 6, generator=torch.Generator().manual_seed(step)).double()
+            for model, o in ((ddp, opt_ref), (mine, opt)):
+                o.zero_grad()
+                model(x).pow(2).mean().backward()
+                o.step()
+            for (name, a), b in zip(ref.named_parameters(), mine.parameters()):
+                assert torch.allclose(b.grad, a.grad, rtol=1e-9, atol=1e-12), (step, name)
+            assert opt.last_stats.sent == ("dense" if step < start else "min")
+            assert opt.last_stats.sparse_layers == (0 if step < start else 2 if rank == 8 else 3)
+    finally:
+        dist.destroy_process_group()
