@@ -88,7 +88,7 @@ How it explores, cheaply:
   fill it is no verdict, and the method is tried again after as many steps as the run
   had run then (the wait doubling while it does not fill), unless a rank that keeps more
   is eligible. Over a whole run the lag tells the methods that train within 2% of dense
-  from those that do not (docs/ALGORITHM.md §15).
+  from those that do not (docs/notes/2026-11-auto.md §7b).
 
 Per step, a chosen compressed method whose smoothed gain (EWMA with ``alpha``, started
 from the gain that chose it) falls below ε sends dense (GraVAC's fallback); its residual
@@ -184,7 +184,7 @@ class Auto(Controller):
         methods: candidates, written as ``Method.parse`` reads them; must include dense.
         epsilon: gain threshold ε in (0, 1] (GraVAC's; the default is GraVAC
             recommended's: lower, a sparse CF whose gain barely clears it can cost final
-            loss, docs/ALGORITHM.md's measured cells).
+            loss, docs/notes/2026-11-auto.md §9).
         trial_steps: measured steps of a trial (>= 1).
         settle_steps: steps of a trial before measuring (>= 0); the first trial's (the
             run's first steps, at least one: the run's first step has no step time) send
