@@ -328,7 +328,10 @@ class GraVAC(Controller):
             s["settled"] = ideal is not None
             if ideal is not None:
                 s["theta_c"] = ideal
-                s["theta_min"] = min(s["theta_min"], ideal)
+                if ideal < s["theta_min"]:
+                    # θmin moves down to a CF whose gain δmin did not follow (it tracked
+                    # the higher one): it restarts, as δc does when θc moves.
+                    s["theta_min"], s["delta_min"] = ideal, None
             if self.settle_dense and (window_went_dense or dense_pays(s["table"], self.omega)):
                 s["on_dense"], s["dense_windows"] = True, 0
         if s["theta_c"] != theta_c0:

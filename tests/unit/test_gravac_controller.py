@@ -155,6 +155,24 @@ def test_saturation_follows_the_table_nothing_is_final():
     assert {cf for _, _, cf, _, _ in log} >= {40, 160}
 
 
+def test_delta_min_restarts_when_saturation_lowers_theta_min():
+    """Under scale_up="gain" the table keeps CFs below θmin: θmin scales up to 40 (gains
+    within ω), and 10x and 40x then train equally fast, so saturation settles on the lower
+    CF, 10x. δmin had tracked 40x's gain: it restarts, as δc does when θc moves."""
+    ctrl = GraVAC(theta_min=10, theta_max=1000, window=1, alpha=1.0, scale_up="gain")
+
+    def gains(step, plan):
+        return (0.9, 0.5) if step == 0 else (0.9, 0.9)
+    run(ctrl, 2, gains, lambda cf: 1000.0)
+    scaled, settled = ctrl.decisions
+    assert not scaled["scaled_up"] and scaled["theta_c"] == 40
+    assert settled["scaled_up"] and settled["settled"]
+    assert (ctrl.theta_min, ctrl.theta_c) == (10, 10)
+    assert ctrl.delta_min is None and ctrl.delta_c is None
+    log = run(ctrl, 1, lambda s, p: (0.8, 0.8), lambda cf: 1000.0, start=2)
+    assert ctrl.delta_min == 0.8 and log[0][3] == 10       # the first new sample as is
+
+
 def test_paper_rule_never_locks_in_dense_after_a_critical_phase():
     """The reproduction: a critical phase sends dense (table {1: 1000}), then
     θmin's throughput is 988, below dense's. The paper's rule does not settle on dense:
