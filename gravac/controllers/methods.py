@@ -16,7 +16,6 @@ Example::
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass
 
 #: The kinds of method, in the order ``Auto`` lists its default candidates.
@@ -46,8 +45,8 @@ class Method:
         if self.kind == "powersgd" and not (self.level >= 1 and float(self.level).is_integer()):
             raise ValueError(f"method powersgd:{self.level:g}: the rank must be an int >= 1")
         if self.kind == "sparse" and not 1 < self.level < math.inf:
-            raise ValueError(f"method sparse:{self.level:g}: the CF must be a finite number > 1 (1 is "
-                             "dense)")
+            raise ValueError(f"method sparse:{self.level:g}: the CF must be a finite number "
+                             "> 1 (1 is dense)")
         if self.exchange is not None and self.kind != "sparse":
             raise ValueError(f"method {self.key}: only sparse methods name an exchange")
 
