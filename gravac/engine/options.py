@@ -64,7 +64,8 @@ class GravacOptions:
     overlap: bool = field(default=False, metadata={"doc": (
         "Start each bucket's compression and exchange from gradient hooks while backward "
         "still runs; step() then waits for them. Bit for bit the same parameters as without "
-        "it for Static and Accordion; GraVAC overlaps its compressed layers with "
+        "it for Static and Accordion on 2 ranks (to rounding from 3 on: docs/ALGORITHM.md "
+        "§10); GraVAC overlaps its compressed layers with "
         "decide: previous only. Under controller auto the steps of methods whose exchange "
         "overlaps (dense, fp16, sparse on allgather) overlap, a sparse step's compressed "
         "layers in its trials and with compression.auto.decide: previous; PowerSGD's, and "
