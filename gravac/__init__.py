@@ -2,7 +2,7 @@
 
 Example::
 
-    import horovod.torch as hvd, gravac
+    import horovod.torch as hvd, torch, gravac
     hvd.init()
     opt = gravac.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                       model.named_parameters(), compressor="topk",

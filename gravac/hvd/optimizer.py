@@ -71,7 +71,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
 
     Example (a Horovod script, with only the optimizer line changed)::
 
-        import horovod.torch as hvd, gravac
+        import horovod.torch as hvd, torch, gravac
         hvd.init()
         model = Net()
         opt = torch.optim.SGD(model.parameters(), lr=0.1 * hvd.size(), momentum=0.9)

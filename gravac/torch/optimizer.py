@@ -24,7 +24,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compressor="topk", co
 
     Example (``torchrun --nproc-per-node 2 train_me.py``)::
 
-        import torch.distributed as dist, gravac.torch
+        import torch, torch.distributed as dist, gravac.torch
         dist.init_process_group("gloo")
         model = Net()
         opt = gravac.torch.DistributedOptimizer(
