@@ -6,8 +6,8 @@ the checkpoint, then ``hvd.broadcast_parameters`` and ``hvd.broadcast_optimizer_
 Synthetic images stand in for ImageNet; the optimizer line is the only change
 (``--horovod`` runs Horovod's own optimizer instead).
 
-    horovodrun -np 2 -H localhost:2 --gloo .venv/bin/python examples/horovod/imagenet_resnet.py \
-        --epochs 2 --checkpoint-format /tmp/ckpt-{epoch}.pt
+    .venv/bin/horovodrun -np 2 -H localhost:2 --gloo .venv/bin/python \\
+        examples/horovod/imagenet_resnet.py --epochs 2 --checkpoint-format /tmp/ckpt-{epoch}.pt
     # run it again with --epochs 3: it resumes from the last checkpoint
 """
 import argparse

@@ -2,7 +2,7 @@
 script of a Horovod user, on synthetic 28x28 digits (no download), where the optimizer line
 is the only change (``--horovod`` runs Horovod's own optimizer instead, for comparison).
 
-    horovodrun -np 2 -H localhost:2 --gloo .venv/bin/python examples/horovod/mnist.py \
+    .venv/bin/horovodrun -np 2 -H localhost:2 --gloo .venv/bin/python examples/horovod/mnist.py \\
         [--fp16-allreduce] [--gradient-predivide-factor 2] [--use-mixed-precision]
 """
 import argparse

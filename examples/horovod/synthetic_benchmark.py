@@ -3,7 +3,7 @@ gravac: a ResNet (on GPUs with Horovod's ``SyncBatchNorm``: collectives in the f
 gravac's in ``step()``) on fixed random data, timed with ``timeit``; the optimizer line is
 the only change (``--horovod`` runs Horovod's own optimizer instead).
 
-    horovodrun -np 2 -H localhost:2 --gloo .venv/bin/python \
+    .venv/bin/horovodrun -np 2 -H localhost:2 --gloo .venv/bin/python \\
         examples/horovod/synthetic_benchmark.py --model resnet18 --batch-size 16
 """
 import argparse
