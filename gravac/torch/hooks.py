@@ -40,6 +40,7 @@ What differs from the optimizer:
 Example (torchrun; Lightning: ``DDPStrategy(ddp_comm_state=state, ddp_comm_hook=gravac_hook)``;
 Accelerate: the same ``register_comm_hook`` on the model ``accelerator.prepare`` returns)::
 
+    import torch, gravac
     from gravac.torch.hooks import GravacHookState, gravac_hook
     ddp = torch.nn.parallel.DistributedDataParallel(model)
     state = GravacHookState(model, controller=gravac.controllers.Static(cf=100))
