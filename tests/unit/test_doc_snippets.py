@@ -12,6 +12,7 @@ import ast
 import importlib
 import re
 import textwrap
+import types
 from pathlib import Path
 
 import pytest
@@ -78,11 +79,6 @@ BLOCKS = [b for page in PAGES for b in page_blocks(page)] + \
     [b for path in MODULES for b in docstring_blocks(path)]
 
 
-def _parse(code: str) -> ast.Module:
-    """The snippet's tree; ``...`` standing for the reader's own lines compiles as is."""
-    return ast.parse(code)
-
-
 def _dotted(node: ast.AST) -> str | None:
     """'a.b.c' of a Name/Attribute chain, None when the chain starts at a call or such."""
     parts = []
@@ -130,10 +126,17 @@ def resolve(dotted: str):
     parts = dotted.split(".")
     obj = importlib.import_module(parts[0])
     for i, part in enumerate(parts[1:], start=1):
-        try:
+        if hasattr(obj, part):
             obj = getattr(obj, part)
-        except AttributeError:
+            continue
+        if not isinstance(obj, types.ModuleType):
+            raise AttributeError(f"{'.'.join(parts[:i])} has no attribute {part!r}")
+        try:
             obj = importlib.import_module(".".join(parts[:i + 1]))
+        except ModuleNotFoundError as exc:
+            if exc.name != ".".join(parts[:i + 1]):
+                raise                              # a module it needs is missing
+            raise AttributeError(f"{'.'.join(parts[:i])} has no attribute {part!r}") from None
     return obj
 
 
@@ -156,7 +159,7 @@ def test_snippet_names_exist(where, code, partial):
     if partial:
         names = {m for m in re.findall(r"(?<![\w.])gravac(?:\.\w+)+", code)}
     else:
-        names = gravac_names(_parse(code))
+        names = gravac_names(ast.parse(code))
     missing = []
     for name in sorted(names):
         try:
@@ -173,7 +176,7 @@ def test_snippet_names_exist(where, code, partial):
 @pytest.mark.parametrize("where, code, partial", [b for b in BLOCKS if not b[2]],
                          ids=[b[0] for b in BLOCKS if not b[2]])
 def test_a_snippet_that_imports_imports_what_it_uses(where, code, partial):
-    tree = _parse(code)
+    tree = ast.parse(code)
     imports = [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
     if not imports:
         return                                 # a fragment of the reader's script
