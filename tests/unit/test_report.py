@@ -463,3 +463,35 @@ def test_throughput_weighs_each_logged_step_by_the_steps_it_stands_for():
                  {"step": 5, "samples_per_sec": 64 / 0.02, "t_iter": 0.02},
                  {"step": 10, "samples_per_sec": 64 / 0.02, "t_iter": 0.02}]
     assert throughput(_Run()) == pytest.approx(640 / 0.98)
+
+
+def _timed_run(path, name, controller, steps, per_step, end_time):
+    """Step lines every 10 steps at ``per_step`` s a step, 1000 floats a step (CF 10 off
+    dense), and run_end at ``end_time``: after the final evaluation and checkpoint."""
+    cf = 1.0 if controller == "dense" else 10.0
+    lines = [step(k, per_step * k, cf, "dense" if cf == 1.0 else "candidate",
+                  1000.0 / cf * k, 1000.0 * k) for k in range(10, steps + 1, 10)]
+    return write_run(path, [start(name, controller), *lines, top1(steps, end_time, 0.5),
+                            {"kind": "run_end", "step": steps, "time": end_time}])
+
+
+def test_runs_of_different_lengths_are_timed_when_both_had_done_the_shorter_ones_steps(
+        tmp_path):
+    """The shorter run's time at its last step was run_end's, which holds its final
+    evaluation and checkpoint, while the longer run's was its step line's: a run whose
+    final evaluation took 8 s showed 100 / 58 = 1.72x against a baseline twice as slow."""
+    from gravac.report.stats import speedup, summarize
+
+    # Baseline: 100 steps at 2 s (step 50 done at 100 s), run_end at 205 s.
+    base = load_run(_timed_run(tmp_path / "dense", "dense", "dense", 100, 2.0, 205.0))
+    # 50 steps at 1 s (step 50 done at 50 s), then 8 s of final evaluation and checkpoint.
+    short = load_run(_timed_run(tmp_path / "short", "short", "static", 50, 1.0, 58.0))
+    row = summarize(short, base)
+    assert (row.compared_at, row.speedup) == (50, 100.0 / 50.0)
+    assert row.comm_saving == 50000.0 / 5000.0
+    # The same with the baseline the shorter one: its final 10 s are left out too.
+    long_ = load_run(_timed_run(tmp_path / "long", "long", "static", 100, 1.0, 108.0))
+    short_base = load_run(_timed_run(tmp_path / "dense50", "dense50", "dense", 50, 2.0, 110.0))
+    assert speedup(long_, short_base) == 100.0 / 50.0
+    # Equal lengths still compare wall times, both with their final evaluation.
+    assert speedup(long_, base) == 205.0 / 108.0
