@@ -157,6 +157,14 @@ def _pct(values: list[float]) -> str:
     return text if f"{low:.3f}" == f"{high:.3f}" else f"{text} to {100 * high:+.1f}%"
 
 
+def _share(values: list[float]) -> str:
+    """'0.082' or '0.082-0.090' over the rounds: a method whose choices differ between
+    rounds sends different shares, and the lowest alone understated what it sent (0.101
+    where the other round sent 0.842)."""
+    low, high = f"{min(values):.3f}", f"{max(values):.3f}"
+    return low if low == high else f"{low}-{high}"
+
+
 def e2e_rows(result_set: str, backend: str | None = None) -> list[dict]:
     """Per method: its ratios over the rounds (time to target and samples/s vs dense,
     time to target vs the best peer of each round, final loss vs dense, floats sent);
@@ -201,7 +209,7 @@ def e2e_table(entry: dict) -> list[str]:
     for r in rows:
         lines.append(f"| {r['method']} | {_ratio(r['sps'])} | {_ratio(r['ttt'])} | "
                      f"{_ratio(r['vs_peer'])} | {_pct(r['loss'])} | "
-                     f"{min(r['floats']):.3f} |")
+                     f"{_share(r['floats'])} |")
     return lines + [""]
 
 

@@ -81,3 +81,26 @@ def test_a_bad_entry_of_current_yaml_is_named_in_one_line(change, message):
         performance.check_current(current)
     assert message in str(stop.value) and "\n" not in str(stop.value)
     assert str(stop.value).startswith("docs/results/current.yaml: ")
+
+
+def test_floats_sent_is_the_range_over_the_rounds(tmp_path, monkeypatch):
+    """A method that sent 0.101 of dense's floats in one round and 0.842 in the other
+    showed 0.101: the lowest round alone."""
+    def run(sps, ttt, loss, floats):
+        return {"samples_per_sec": sps, "time_to_target": ttt, "final_loss": loss,
+                "floats_ratio": floats}
+
+    rounds = {f"round{r}": {"target": 3.0, "runs": {
+        "dense": run(50.0, 80.0, 3.6, 1.0), "gravac_auto": run(200.0, 20.0, 3.5, floats)}}
+        for r, floats in ((1, 0.101), (2, 0.842))}
+    (tmp_path / "two_rounds").mkdir()
+    (tmp_path / "two_rounds" / "results.json").write_text(
+        json.dumps({"1gbit": {"torch": rounds}}))
+    monkeypatch.setattr(performance, "RESULTS", tmp_path)
+    table = performance.e2e_table({"set": "two_rounds", "workload": "LSTM",
+                                   "link": "1 Gbit/s"})
+    auto = next(line for line in table if line.startswith("| gravac_auto |"))
+    # 200 / 50 samples/s, 20 / 80 s to the target (dense the fastest peer), 3.5 / 3.6 - 1
+    assert auto == "| gravac_auto | 4.00x | 0.25x | 0.25x | -2.8% | 0.101-0.842 |"
+    dense = next(line for line in table if line.startswith("| dense |"))
+    assert dense.endswith("| 1.000 |")
