@@ -118,6 +118,7 @@ import statistics
 from typing import Mapping, Sequence
 
 from ..util import sizes
+from ..util.choices import one_of
 from .base import SENT_DENSE, SENT_MIN, Controller, StepPlan, StepRecord, Sync
 from .gravac import DECIDE_RULES, default_alpha
 from .ladder import build_ladder
@@ -273,7 +274,7 @@ class Auto(Controller):
         if not isinstance(split_layers, bool):
             raise bad("split_layers", split_layers, "must be true or false")
         if decide not in DECIDE_RULES:
-            raise bad("decide", decide, f"must be one of {', '.join(DECIDE_RULES)}")
+            raise bad("decide", decide, one_of(decide, DECIDE_RULES))
         self.method_texts = [m.key for m in parsed]
         self.epsilon, self.trial_steps, self.settle_steps = epsilon, trial_steps, settle_steps
         self.recheck_every, self.recheck_within = recheck_every, recheck_within

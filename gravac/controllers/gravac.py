@@ -52,6 +52,7 @@ from __future__ import annotations
 import copy
 import math
 
+from ..util.choices import one_of
 from .base import (GAIN_MEASURES, SENT_CANDIDATE, SENT_DENSE, SENT_MIN, Controller, StepPlan,
                    StepRecord, Sync)
 from .ladder import POLICIES, build_ladder, next_rung
@@ -473,4 +474,4 @@ def _check_int(name, value, allowed, ok):
 
 def _check_choice(name, value, choices):
     if value not in choices:
-        raise ValueError(f"GraVAC({name}={value!r}): {name} must be one of {', '.join(choices)}")
+        raise ValueError(f"GraVAC({name}={value!r}): {name} {one_of(value, choices)}")

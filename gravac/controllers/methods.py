@@ -18,6 +18,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ..util.choices import one_of
+
 #: The kinds of method, in the order ``Auto`` lists its default candidates.
 METHOD_KINDS = ("dense", "fp16", "powersgd", "sparse")
 #: Kinds that take a level (a PowerSGD rank, a CF).
@@ -36,8 +38,7 @@ class Method:
 
     def __post_init__(self):
         if self.kind not in METHOD_KINDS:
-            raise ValueError(f"method {self.kind!r}: the kind must be one of "
-                             f"{', '.join(METHOD_KINDS)}")
+            raise ValueError(f"method {self.kind!r}: the kind {one_of(self.kind, METHOD_KINDS)}")
         if (self.kind in LEVELED) != (self.level is not None):
             raise ValueError(f"method {self.kind!r}: " + (
                 "needs a level: powersgd:<rank> or sparse:<cf>" if self.kind in LEVELED

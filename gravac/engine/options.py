@@ -23,6 +23,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
+from ..util.choices import one_of
 from .exchanges import EXCHANGES
 
 #: How sparse selections travel between ranks (docs/ALGORITHM.md §13-14): the exchanges
@@ -198,7 +199,7 @@ def _check_type(name: str, value) -> None:
     tp = _HINTS[name]
     args = typing.get_args(tp)
     if typing.get_origin(tp) is Literal:
-        _require(value in args, name, value, f"must be one of {', '.join(args)}")
+        _require(value in args, name, value, one_of(value, args))
         return
     if type(None) in args:
         if value is None:

@@ -4,6 +4,7 @@ The format is described in ``gravac/sweep/__init__.py``.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 import json
@@ -15,6 +16,7 @@ from typing import Any, Iterable, Sequence
 
 import yaml
 
+from ..util.choices import did_you_mean
 from .errors import SweepError
 from .link import check_rate
 
@@ -205,7 +207,8 @@ def _entry(axis: str, i: int, raw: Any, repo: Path) -> tuple[AxisValue, bool]:
                          f"values name the axis by the dotted key, e.g. optimizer.lr)")
     unknown = [k for k in raw if k not in ENTRY_KEYS]
     if unknown:
-        raise SweepError(f"{where}: unknown key {unknown[0]!r}; allowed: {', '.join(ENTRY_KEYS)}")
+        raise SweepError(f"{where}: unknown key {unknown[0]!r}; allowed: {', '.join(ENTRY_KEYS)}"
+                         f"{did_you_mean(unknown[0], ENTRY_KEYS)}")
     if not raw.get("files") and not raw.get("set"):
         raise SweepError(f"{where}: give 'files' (config files) and/or 'set' (overrides)")
     files = _file_list(f"{where}.files", raw.get("files") or [], repo)
@@ -298,7 +301,14 @@ def parse_sweep(data: Any, default_name: str = "sweep", repo: Path = REPO) -> Sw
         raise SweepError(f"the sweep file must hold a mapping with keys {', '.join(TOP_KEYS)}")
     unknown = [k for k in data if k not in TOP_KEYS]
     if unknown:
-        raise SweepError(f"unknown top-level key {unknown[0]!r}; allowed: {', '.join(TOP_KEYS)}")
+        from ..train.config import Config
+        hint = did_you_mean(unknown[0], TOP_KEYS)
+        # a train.py config given where the sweep file goes
+        if unknown[0] in {f.name for f in dataclasses.fields(Config)}:
+            hint = (f"; {unknown[0]!r} is a section of a train.py config: a sweep file "
+                    "names such files under configs: and single keys under set:")
+        raise SweepError(f"unknown top-level key {unknown[0]!r}; allowed: {', '.join(TOP_KEYS)}"
+                         f"{hint}")
     name = data.get("name", default_name)
     if not isinstance(name, str) or not name or safe_name(name) != name:
         raise SweepError(f"name: {name!r} must be a non-empty name of letters, digits, '.', "

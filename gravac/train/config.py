@@ -34,6 +34,7 @@ from ..comm.horovod_cycle import PROBLEM as CYCLE_PROBLEM
 from ..comm.horovod_cycle import check_setting as check_cycle_setting
 from ..controllers import Accordion, Auto, GraVAC, Method, Static
 from ..engine.options import GravacOptions, OptionError
+from ..util.choices import closest, one_of
 
 CONTROLLERS = ("dense", "static", "gravac", "accordion", "auto")
 #: How gravac's compression runs: its distributed optimizer, or a DDP communication hook.
@@ -384,7 +385,7 @@ def _coerce(tp, value, key: str):
         choices = typing.get_args(tp)
         if value in choices and not isinstance(value, bool):
             return value
-        raise ConfigError(f"{key}={value!r}: must be one of {', '.join(map(str, choices))}")
+        raise ConfigError(f"{key}={value!r}: {one_of(value, choices)}")
     if origin in (typing.Union, types.UnionType):
         args = typing.get_args(tp)
         if value is None and type(None) in args:
@@ -447,13 +448,36 @@ def from_dict(cls, data: dict, prefix: str = ""):
             if f"{where}{key}" in RENAMED:
                 raise ConfigError(f"unknown key '{where}{key}': it is now "
                                   f"{RENAMED[where + key]}")
-            raise ConfigError(f"unknown key '{where}{key}'; known keys{' of ' + prefix if prefix else ''}: "
-                              f"{', '.join(names)}")
+            raise ConfigError(f"unknown key '{where}{key}'{_key_hint(key, names, where)}; "
+                              f"known keys{' of ' + prefix if prefix else ''}: {', '.join(names)}")
     kwargs = {}
     for name in names:
         if name in data:
             kwargs[name] = _coerce(hints[name], data[name], f"{prefix}.{name}" if prefix else name)
     return cls(**kwargs)
+
+
+def _dotted_keys(cls, prefix: str = "") -> list[str]:
+    """Every key of dataclass ``cls`` and of the sections it nests, dotted from ``prefix``."""
+    keys = []
+    for f in dataclasses.fields(cls):
+        key = f"{prefix}{f.name}"
+        keys.append(key)
+        tp = typing.get_type_hints(cls)[f.name]
+        if dataclasses.is_dataclass(tp):
+            keys += _dotted_keys(tp, f"{key}.")
+    return keys
+
+
+def _key_hint(key: str, names: list[str], where: str) -> str:
+    """ " (did you mean ...?)" for an unknown ``key`` among the keys ``names`` of the section
+    ``where``: a near miss of one of them (``run.step``), else the same key in the section it
+    belongs to (``cf`` at the top, ``compression.window`` for compression.gravac.window)."""
+    sibling = closest(key, names)
+    if sibling is not None:
+        return f" (did you mean {where}{sibling}?)"
+    elsewhere = [k for k in _dotted_keys(Config) if k.rsplit(".", 1)[-1] == key]
+    return f" (did you mean {' or '.join(elsewhere)}?)" if elsewhere else ""
 
 
 def to_dict(cfg) -> dict:
@@ -476,6 +500,11 @@ def _require(ok: bool, key: str, value, allowed: str):
         raise ConfigError(f"{key}={_shown(value)}: {allowed}")
 
 
+def _require_choice(key: str, value, choices) -> None:
+    """``value`` is one of the names ``choices``; else the refusal names the near miss."""
+    _require(value in choices, key, value, one_of(value, choices))
+
+
 def validate(cfg: Config) -> None:
     """Range and consistency checks that types alone cannot express."""
     r, d, o, c = cfg.run, cfg.data, cfg.optimizer, cfg.compression
@@ -495,7 +524,7 @@ def validate(cfg: Config) -> None:
              "must be >= 1, or null for the whole evaluation set")
     _require(r.keep_checkpoints >= 1, "run.keep_checkpoints", r.keep_checkpoints, "must be >= 1")
     _require(r.log_interval >= 1, "run.log_interval", r.log_interval, "must be >= 1")
-    _require(r.progress in PROGRESS, "run.progress", r.progress, f"must be one of {', '.join(PROGRESS)}")
+    _require_choice("run.progress", r.progress, PROGRESS)
     _require(r.threads is None or r.threads >= 1, "run.threads", r.threads, "must be >= 1 or null")
     try:
         check_cycle_setting(r.horovod_cycle_time_ms)
@@ -503,8 +532,7 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"run.horovod_cycle_time_ms={r.horovod_cycle_time_ms!r}: "
                           f"{CYCLE_PROBLEM}") from None
     from ..comm import HOROVOD_WAITS
-    _require(r.horovod_wait in HOROVOD_WAITS, "run.horovod_wait", r.horovod_wait,
-             f"must be one of {', '.join(HOROVOD_WAITS)}")
+    _require_choice("run.horovod_wait", r.horovod_wait, HOROVOD_WAITS)
     _require(r.stall_timeout >= 0, "run.stall_timeout", r.stall_timeout,
              "must be >= 0 seconds (0 turns the stall watchdog off)")
     _require(r.stop_check_interval >= 1, "run.stop_check_interval", r.stop_check_interval,
@@ -518,17 +546,16 @@ def validate(cfg: Config) -> None:
              f"names no config key: {', '.join(unknown)} (dotted keys or sections such as "
              "optimizer.lr or compression, or all)")
     from ..comm import BACKENDS
-    _require(r.backend in BACKENDS, "run.backend", r.backend, f"must be one of {', '.join(BACKENDS)}")
+    _require_choice("run.backend", r.backend, BACKENDS)
     _require(not (r.elastic and r.backend in ("torch", "local")), "run.backend", r.backend,
              "cannot be combined with run.elastic=true: Horovod Elastic is Horovod-only; use "
              "run.backend=horovod (or auto under horovodrun) or drop run.elastic")
 
-    _require(r.device in DEVICES, "run.device", r.device, f"must be one of {', '.join(DEVICES)}")
+    _require_choice("run.device", r.device, DEVICES)
 
     from ..models import LANGUAGE_MODELS, MODEL_NAMES
-    _require(cfg.model.name in MODEL_NAMES, "model.name", cfg.model.name,
-             f"must be one of {', '.join(MODEL_NAMES)}")
-    _require(d.name in DATASETS, "data.name", d.name, f"must be one of {', '.join(DATASETS)}")
+    _require_choice("model.name", cfg.model.name, MODEL_NAMES)
+    _require_choice("data.name", d.name, DATASETS)
     lm_model, lm_data = cfg.model.name in LANGUAGE_MODELS, d.name in ("ptb", "synthetic_text")
     _require(lm_model == lm_data, "model.name", cfg.model.name,
              f"does not fit data.name={d.name!r}: the language models "
@@ -540,7 +567,7 @@ def validate(cfg: Config) -> None:
     _require(d.eval_batch_size >= 1, "data.eval_batch_size", d.eval_batch_size, "must be >= 1")
     _require(d.bptt >= 1, "data.bptt", d.bptt, "must be >= 1")
 
-    _require(o.name in OPTIMIZERS, "optimizer.name", o.name, f"must be one of {', '.join(OPTIMIZERS)}")
+    _require_choice("optimizer.name", o.name, OPTIMIZERS)
     _require(o.lr > 0, "optimizer.lr", o.lr, "must be > 0")
     _require(0 <= o.momentum < 1, "optimizer.momentum", o.momentum, "must be in [0, 1)")
     _require(o.weight_decay >= 0, "optimizer.weight_decay", o.weight_decay, "must be >= 0")
@@ -553,13 +580,11 @@ def validate(cfg: Config) -> None:
              "must be >= 0 (0: no warm-up)")
     _require(0 < o.lr_warmup_start <= 1, "optimizer.lr_warmup_start", o.lr_warmup_start,
              "must be in (0, 1]")
-    _require(o.implementation in OPTIMIZER_IMPLEMENTATIONS, "optimizer.implementation",
-             o.implementation, f"must be one of {', '.join(OPTIMIZER_IMPLEMENTATIONS)}")
+    _require_choice("optimizer.implementation", o.implementation, OPTIMIZER_IMPLEMENTATIONS)
     _require(o.grad_clip is None or o.grad_clip > 0, "optimizer.grad_clip", o.grad_clip,
              "must be > 0 or null")
 
-    _require(c.controller in CONTROLLERS, "compression.controller", c.controller,
-             f"must be one of {', '.join(CONTROLLERS)}")
+    _require_choice("compression.controller", c.controller, CONTROLLERS)
     _require(c.ddp_powersgd_rank is None or c.ddp_powersgd_rank >= 1,
              "compression.ddp_powersgd_rank", c.ddp_powersgd_rank, "must be >= 1 or null")
     _require(c.ddp_powersgd_rank is None or c.controller == "dense",
@@ -569,8 +594,7 @@ def validate(cfg: Config) -> None:
     _require(c.ddp_powersgd_rank is None or c.dense_wire == "native",
              "compression.ddp_powersgd_rank", c.ddp_powersgd_rank,
              "and dense_wire=fp16 are two DDP hooks; DDP takes one")
-    _require(c.front_end in FRONT_ENDS, "compression.front_end", c.front_end,
-             f"must be one of {', '.join(FRONT_ENDS)}")
+    _require_choice("compression.front_end", c.front_end, FRONT_ENDS)
     _require(c.front_end == "optimizer" or c.controller != "dense", "compression.front_end",
              c.front_end, "runs gravac's compression: with controller dense the run is plain "
                           "DDP already; pick a controller or front_end: optimizer")
@@ -580,8 +604,7 @@ def validate(cfg: Config) -> None:
     from .. import compressors
     # Before any rule below compares the name: the registry's lookup ignores case, the
     # rules do not ("PowerSGD" passed them as a sparsifier, then failed in the engine).
-    _require(c.compressor in compressors.REGISTRY, "compression.compressor", c.compressor,
-             f"must be one of {', '.join(compressors.REGISTRY)}")
+    _require_choice("compression.compressor", c.compressor, compressors.REGISTRY)
     if r.backend == "horovod":
         refuse_ddp_only(c, "horovod")
     try:

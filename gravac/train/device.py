@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from ..util.choices import one_of
 from .config import DEVICES, ConfigError
 
 
@@ -36,7 +37,7 @@ def _horovod_gpu_ops() -> bool:
 def rank_device(setting: str, comm) -> torch.device:
     """This rank's device for ``run.device=setting`` on transport ``comm`` (started)."""
     if setting not in DEVICES:
-        raise ConfigError(f"run.device={setting!r}: must be one of {', '.join(DEVICES)}")
+        raise ConfigError(f"run.device={setting!r}: {one_of(setting, DEVICES)}")
     if setting == "cpu":
         return torch.device("cpu")
     available = torch.cuda.is_available()

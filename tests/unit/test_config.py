@@ -55,7 +55,8 @@ def test_set_parses_yaml_values_without_eval():
 
 
 @pytest.mark.parametrize("overrides,message", [
-    (["run.stpes=3"], "unknown key 'run.stpes'; known keys of run: name, tag, output_dir"),
+    (["run.stpes=3"], r"unknown key 'run.stpes' \(did you mean run.steps\?\); known keys of run: "
+                      "name, tag, output_dir"),
     (["run.steps=abc"], "run.steps='abc': expected an int or null"),
     (["run.steps=0"], "run.steps=0: must be >= 1"),
     (["run.steps=5", "run.epochs=2"], "set exactly one of run.steps and run.epochs"),
@@ -133,6 +134,44 @@ def test_set_parses_yaml_values_without_eval():
 def test_errors_name_key_value_and_what_is_allowed(overrides, message):
     with pytest.raises(ConfigError, match=message):
         load_config([], overrides)
+
+
+@pytest.mark.parametrize("overrides,hint", [
+    # a letter too few or too many, in a key or a section
+    (["compression.controler=gravac"], "unknown key 'compression.controler' (did you mean "
+                                       "compression.controller?)"),
+    (["compresion.cf=10"], "unknown key 'compresion' (did you mean compression?)"),
+    (["run.step=5"], "unknown key 'run.step' (did you mean run.steps?)"),
+    (["compression.gravac.windw=20"], "(did you mean compression.gravac.window?)"),
+    # a key at the wrong level: the section it belongs to (each, where several have it)
+    (["cf=10"], "unknown key 'cf' (did you mean compression.cf?)"),
+    (["compression.window=20"], "(did you mean compression.gravac.window?)"),
+    (["epsilon=0.5"], "(did you mean compression.gravac.epsilon or compression.auto.epsilon?)"),
+    # a value in another case or with a separator the name lacks, or a letter off
+    (["compression.controller=GraVAC"], "must be one of dense, static, gravac, accordion, "
+                                        "auto; did you mean gravac?"),
+    (["compression.compressor=top-k"], "; did you mean topk?"),
+    (["compression.exchange=all_gather"], "; did you mean allgather?"),
+    (["model.name=resnet-18"], "; did you mean resnet18?"),
+    (["run.backend=Horovod"], "; did you mean horovod?"),
+    (["compression.nonfinite=skp"], "; did you mean skip?"),
+    (["compression.gravac.policy=exponentail"], "policy must be one of exponential, geometric; "
+                                                "did you mean exponential?"),
+    (["compression.controller=auto", "compression.auto.methods=[dense, sprase:10]"],
+     "; did you mean sparse?"),
+])
+def test_a_near_miss_of_a_key_or_value_names_what_was_meant(overrides, hint):
+    with pytest.raises(ConfigError) as err:
+        load_config([], ["run.steps=5", *overrides])
+    assert hint in str(err.value)
+
+
+@pytest.mark.parametrize("overrides", [["compression.controller=magic"], ["run.progress=bar"],
+                                       ["compression.exchange=ring"], ["nonsense.key=1"]])
+def test_a_name_like_none_of_the_known_suggests_nothing(overrides):
+    with pytest.raises(ConfigError) as err:
+        load_config([], ["run.steps=5", *overrides])
+    assert "did you mean" not in str(err.value)
 
 
 def test_missing_and_malformed_files(tmp_path):

@@ -181,7 +181,12 @@ def test_bad_baselines_name_the_field(baseline, message):
     ({"configs": ["configs/nope.yaml"]}, r"configs\[0\]: config file 'configs/nope.yaml' not found"),
     ({"grid": {"c": [{"files": [DENSE]}, {"files": ["configs/compression/x.yaml"]}]}},
      r"grid\.c\[1\]\.files\[0\]: config file 'configs/compression/x.yaml' not found"),
-    ({"grid": {"c": [{"file": [DENSE]}]}}, r"grid\.c\[0\]: unknown key 'file'; allowed: files, set, tag"),
+    ({"grid": {"c": [{"file": [DENSE]}]}},
+     r"grid\.c\[0\]: unknown key 'file'; allowed: files, set, tag; did you mean files\?"),
+    ({"grdi": {}}, r"unknown top-level key 'grdi'; .*; did you mean grid\?"),
+    # a train.py config where the sweep file goes
+    ({"run": {"steps": 5}}, r"'run' is a section of a train\.py config: a sweep file names "
+                            r"such files under configs:"),
     ({"grid": {"lr": [0.1]}}, r"grid\.lr\[0\]: expected a mapping .*e\.g\. optimizer\.lr"),
     ({"grid": {"status": [DENSE]}}, r"grid\.status: the axis name clashes with a results column"),
     ({"np": 0}, r"np: 0 must be a positive integer"),
