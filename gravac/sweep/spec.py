@@ -16,6 +16,7 @@ from typing import Any, Iterable, Sequence
 
 import yaml
 
+from ..util import yaml_strict
 from ..util.choices import did_you_mean
 from .errors import SweepError
 from .link import check_rate
@@ -343,7 +344,7 @@ def load_sweep(path: str | Path, repo: Path = REPO) -> Sweep:
         raise SweepError(f"sweep file {str(path)!r} not found (looked in the current "
                          f"directory and in {repo})")
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml_strict.load(path.read_text())
     except yaml.YAMLError as exc:
         raise SweepError(f"sweep file {str(path)!r} is not valid YAML: "
                          f"{str(exc).splitlines()[0]}") from None

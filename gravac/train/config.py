@@ -34,6 +34,7 @@ from ..comm.horovod_cycle import PROBLEM as CYCLE_PROBLEM
 from ..comm.horovod_cycle import check_setting as check_cycle_setting
 from ..controllers import Accordion, Auto, GraVAC, Method, Static
 from ..engine.options import GravacOptions, OptionError
+from ..util import yaml_strict
 from ..util.choices import closest, one_of
 
 CONTROLLERS = ("dense", "static", "gravac", "accordion", "auto")
@@ -292,7 +293,7 @@ def read_yaml(path: str | Path) -> dict:
     if not path.is_file():
         raise ConfigError(f"config file {str(path)!r} not found")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = yaml_strict.load(path.read_text()) or {}
     except yaml.YAMLError as exc:
         raise ConfigError(f"{yaml_error_where(path, exc)}: not valid YAML: "
                           f"{yaml_problem(exc)}") from None

@@ -195,6 +195,24 @@ def test_yaml_errors_name_file_line_and_column(tmp_path):
                               "here")
 
 
+def test_a_key_given_twice_in_a_file_is_refused_at_the_second(tmp_path):
+    # PyYAML keeps the last of two `run:` sections silently: the first's steps were lost
+    # and the error blamed run.steps=null, which the file visibly sets.
+    dup = _write(tmp_path, "dup.yaml", "run:\n  steps: 5\noptimizer: {lr: 0.1}\nrun:\n  seed: 3\n")
+    with pytest.raises(ConfigError) as err:
+        load_config([dup])
+    assert str(err.value) == (f"{dup}:4:1: not valid YAML: found duplicate key 'run' (first on "
+                              "line 1); merge the two into one")
+    inner = _write(tmp_path, "inner.yaml", "run: {steps: 5, steps: 6}\n")
+    with pytest.raises(ConfigError, match="duplicate key 'steps'"):
+        load_config([inner])
+    # a key beside a "<<:" merge overrides the merged one, as YAML means
+    merged = _write(tmp_path, "merged.yaml", "x: &base {steps: 5, seed: 1}\n")
+    from gravac.util import yaml_strict
+    assert yaml_strict.load(merged.read_text() + "run: {<<: *base, seed: 2}\n")["run"] == \
+        {"steps": 5, "seed": 2}
+
+
 def test_output_path_blocked_by_a_file_is_a_config_error(tmp_path):
     blocker = _write(tmp_path, "runs", "not a folder")
     with pytest.raises(ConfigError, match=rf"run.output_dir='{blocker}': '{blocker}' is a file"):

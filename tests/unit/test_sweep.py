@@ -208,6 +208,13 @@ def test_invalid_sweep_file_on_the_command_line_exits_2_before_any_check(tmp_pat
     assert calls == [] and not (tmp_path / "out").exists()
 
 
+def test_a_key_given_twice_in_the_sweep_file_is_refused(tmp_path):
+    path = tmp_path / "s.yaml"
+    path.write_text("name: s\nnp: 2\nnp: 4\n")
+    with pytest.raises(sws.SweepError, match=r"found duplicate key 'np' \(first on line 2\)"):
+        sws.load_sweep(path)
+
+
 def test_a_bad_run_config_stops_the_sweep_before_launching(tmp_path, capsys, monkeypatch):
     path = tmp_path / "s.yaml"
     path.write_text(yaml.safe_dump(sweep_dict(grid={"optimizer.lr": [0.1, -1.0]})))
