@@ -74,6 +74,22 @@ def detect_backend(environ: Mapping[str, str] | None = None) -> str:
     return "horovod" if importlib.util.find_spec("horovod") is not None else "local"
 
 
+def torch_launch_problem(environ: Mapping[str, str] | None = None) -> str | None:
+    """Why torch.distributed cannot start its process group in a process with this
+    environment (default: this process's), or None: neither torchrun nor the user gave it
+    the rendezvous (torch.distributed's env:// reads MASTER_ADDR, MASTER_PORT, RANK and
+    WORLD_SIZE).
+
+    >>> torch_launch_problem({"TORCHELASTIC_RUN_ID": "x"}) is None
+    True
+    """
+    env = os.environ if environ is None else environ
+    if "MASTER_ADDR" in env or "TORCHELASTIC_RUN_ID" in env:
+        return None
+    return ("needs a torchrun launch (torchrun --nproc-per-node N ...) or "
+            "MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE in the environment")
+
+
 def _check_one_gpu_per_rank(gpus: int) -> None:
     """Before NCCL starts: this host has a GPU for each of its ranks (torchrun's
     ``LOCAL_WORLD_SIZE``). Why: NCCL refuses two ranks on one device, and a rank without a
@@ -134,10 +150,9 @@ def init(backend: str = "auto", horovod_cycle_time_ms="auto",
     from .torchdist import TorchDistComm
     started = not dist.is_initialized()
     if started:
-        if "MASTER_ADDR" not in os.environ and "TORCHELASTIC_RUN_ID" not in os.environ:
-            raise RuntimeError("backend 'torch' needs a torchrun launch (torchrun "
-                               "--nproc-per-node N ...) or MASTER_ADDR/MASTER_PORT/RANK/"
-                               "WORLD_SIZE in the environment")
+        problem = torch_launch_problem()
+        if problem:
+            raise RuntimeError(f"backend 'torch' {problem}")
         gpu = torch.cuda.is_available() if gpu is None else gpu
         if gpu:
             _check_one_gpu_per_rank(torch.cuda.device_count())
@@ -149,4 +164,5 @@ def init(backend: str = "auto", horovod_cycle_time_ms="auto",
 
 
 __all__ = ["BACKENDS", "LAUNCHERS", "OPS", "Comm", "Done", "Handle", "LocalComm",
-           "VersionMismatch", "detect_backend", "end_process", "init", "launched_by"]
+           "VersionMismatch", "detect_backend", "end_process", "init", "launched_by",
+           "torch_launch_problem"]

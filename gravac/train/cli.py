@@ -93,7 +93,7 @@ def main(argv=None) -> int:
     try:
         cfg = load_config(args.config, args.overrides)
         # before any rank starts a transport or touches the run folder
-        check_launcher(cfg, launcher=args.check or None)
+        check_launcher(cfg, launcher=args.check or None, starts=args.check is None)
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)
         return 2

@@ -732,21 +732,28 @@ def _check_output_path(r: RunConfig) -> None:
             return
 
 
-def check_launcher(cfg: Config, environ=None, launcher: str | None = None) -> None:
+def check_launcher(cfg: Config, environ=None, launcher: str | None = None,
+                   starts: bool = False) -> None:
     """Refuse a ``run.backend`` other than the launcher's (``ConfigError``): under torchrun,
     ``run.backend=horovod`` (or ``local``) makes every worker a 1-rank job of its own, all
     writing one run folder, and the other way round alike; and PyTorch DDP's options where
     the transport will be Horovod's. The launcher is ``launcher`` (its command,
     ``"horovodrun"`` or ``"torchrun"``: the one that will start the job, for ``train.py
     --check``), else the one that started this process (``environ``, default this
-    process's: ``gravac.comm.launched_by``); without one every backend may be asked for."""
-    from ..comm import LAUNCHERS, launched_by
+    process's: ``gravac.comm.launched_by``); without one every backend may be asked for,
+    except, where this process ``starts`` the transport itself (train.py without --check),
+    ``torch`` without the rendezvous that torchrun gives: it would fail in a traceback."""
+    from ..comm import LAUNCHERS, launched_by, torch_launch_problem
 
     backend = cfg.run.backend
     launcher = {name: b for b, name in LAUNCHERS.items()}[launcher] if launcher \
         else launched_by(environ)
     if backend == "auto":       # a backend named outright: validate() refused it already
         refuse_ddp_only(cfg.compression, launcher)
+    problem = starts and backend == "torch" and torch_launch_problem(environ)
+    if problem:
+        raise ConfigError(f"run.backend='torch' {problem}, or run.backend=local for one "
+                          "process without a launcher (a dry run included)")
     if launcher is None or backend in ("auto", launcher):
         return
     other = f"launch with {LAUNCHERS[backend]}" if backend in LAUNCHERS else \

@@ -379,6 +379,26 @@ def test_the_launchers_backend_and_no_launcher_are_accepted(environ, backend):
                    environ)
 
 
+@pytest.mark.parametrize("argv", [["--dry-run"], []])
+def test_backend_torch_without_torchrun_is_one_line_not_a_traceback(argv, capsys, monkeypatch,
+                                                                    tmp_path):
+    from gravac.train.cli import main
+
+    for name in ("MASTER_ADDR", "TORCHELASTIC_RUN_ID", "LOCAL_RANK", "HOROVOD_RANK",
+                 "OMPI_COMM_WORLD_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    demo = str(REPO / "configs" / "demo.yaml")
+    assert main(["--config", demo, "--set", "run.backend=torch", f"run.output_dir={tmp_path}",
+                 *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("config error: run.backend='torch' needs a "
+                                               "torchrun launch") and "run.backend=local" in err[0]
+    assert list(tmp_path.iterdir()) == []
+    # a check announces the launch to come: torchrun will give the rendezvous then
+    assert main(["--config", demo, "--set", "run.backend=torch", f"run.output_dir={tmp_path}",
+                 "--check"]) == 0
+
+
 @pytest.mark.parametrize("extra", [["compression.front_end=ddp_hook"],
                                    ["compression.controller=dense",
                                     "compression.ddp_powersgd_rank=4"]])
