@@ -36,10 +36,15 @@ class RunDirLock:
         self.path = self.run_dir / LOCK_FILE
         self._file = None
         self.created = False             # acquire made the folder
+        # acquire's mkdir also makes missing parents (a new run.output_dir): the topmost
+        # of them, which abandon removes again when they stayed empty
+        self._created_top = None
 
     def acquire(self) -> bool:
         """Take the lock (creating the folder); False when another run holds it."""
         self.created = not self.run_dir.exists()
+        missing = [p for p in [self.run_dir, *self.run_dir.parents] if not p.exists()]
+        self._created_top = missing[-1] if missing else None
         self.run_dir.mkdir(parents=True, exist_ok=True)
         f = open(self.path, "a+", encoding="utf-8")
         try:
@@ -72,12 +77,18 @@ class RunDirLock:
 
     def abandon(self) -> None:
         """Release, and remove the folder where ``acquire`` created it and nothing but the
-        lock is in it (a run refused before it wrote anything leaves nothing behind)."""
+        lock is in it, with the parents it created that are empty then (a run refused
+        before it wrote anything leaves nothing behind, not even a new run.output_dir)."""
         self.release()
         if self.created and self.path.exists() and \
                 [p.name for p in self.run_dir.iterdir()] == [LOCK_FILE]:
             self.path.unlink()
             self.run_dir.rmdir()
+            for parent in self.run_dir.parents:
+                if self._created_top is None or self._created_top not in \
+                        [parent, *parent.parents] or any(parent.iterdir()):
+                    break
+                parent.rmdir()
 
 
 def clear_run_dir(run_dir: str | os.PathLike) -> None:

@@ -90,6 +90,14 @@ def test_a_refused_resume_leaves_no_folder_and_check_sees_the_folder_first(tmp_p
     with pytest.raises(ConfigError, match="--resume: no checkpoint in"):
         train(cfg("nothing"), resume=True)
     assert not (tmp_path / "nothing").exists()
+    # nor the run.output_dir it would have made: only what was there before stays
+    (tmp_path / "kept").mkdir()
+    new_dir = tmp_path / "kept" / "new" / "runs"
+    with pytest.raises(ConfigError, match="--resume: no checkpoint in"):
+        train(load_config([REPO / "configs/demo.yaml"],
+                          [f"run.output_dir={new_dir}", "run.name=x", "run.steps=2", *LOCAL]),
+              resume=True)
+    assert (tmp_path / "kept").is_dir() and not (tmp_path / "kept" / "new").exists()
 
     train(cfg("done"))
     base = ["--config", str(REPO / "configs/demo.yaml"), "--set", f"run.output_dir={tmp_path}",
