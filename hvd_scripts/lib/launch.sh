@@ -31,6 +31,8 @@ show_help_if_asked() {
 parse_configs() {
     configs=()
     while [ $# -gt 0 ] && [ "$1" != "--" ]; do
+        # "--set ..." or "--resume" without the `--` before it is no config file
+        [[ $1 == -* ]] && die "unexpected argument '$1'; train.py arguments go after '--'"
         if [ -f "$1" ]; then
             configs+=("$(cd "$(dirname "$1")" && pwd)/$(basename "$1")")
         elif [[ $1 != /* ]] && [ -f "$repo/$1" ]; then

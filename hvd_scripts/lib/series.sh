@@ -29,7 +29,9 @@ run_series() {
     local model_config=$1
     shift
     if [ ! -f "$model_config" ] && { [[ $model_config == /* ]] || [ ! -f "$repo/$model_config" ]; }; then
-        die "model config '$model_config' not found (looked in $PWD and $repo)"
+        local where=$PWD
+        [ "$PWD" = "$repo" ] || where="$PWD and $repo"
+        die "model config '$model_config' not found (looked in $where)"
     fi
     local np=2
     if [ $# -gt 0 ] && [ "$1" != "--" ]; then

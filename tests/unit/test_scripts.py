@@ -92,10 +92,16 @@ def test_usage_and_exit_2_without_arguments(name, tmp_path):
     (["run_multi_node.sh", "/nonexistent/hosts", "2", "configs/demo.yaml"],
      "hostfile '/nonexistent/hosts' not found (one 'HOST slots=N' per line)"),
     (["run_baseline.sh", "configs/nope.yaml"], "model config 'configs/nope.yaml' not found"),
+    (["run_baseline.sh", "configs/nope.yaml"], f"not found (looked in {REPO})"),   # once
     (["run_gravac.sh", "configs/demo.yaml", "two"], "NP must be a positive integer, got 'two'"),
     (["run_accordion.sh", "configs/demo.yaml", "2", "--set"], "train.py arguments go after '--'"),
     (["run_torchrun.sh", "0", "configs/demo.yaml"], "NPROC must be a positive integer, got '0'"),
     (["run_torchrun.sh", "2", "configs/nope.yaml"], "config file 'configs/nope.yaml' not found"),
+    # train.py's arguments without the `--` before them were taken for config files
+    (["run_single_node.sh", "2", "configs/demo.yaml", "--set", "run.steps=5"],
+     "unexpected argument '--set'; train.py arguments go after '--'"),
+    (["run_torchrun.sh", "2", "configs/demo.yaml", "--dry-run"],
+     "unexpected argument '--dry-run'; train.py arguments go after '--'"),
 ])
 def test_bad_arguments_exit_2_with_a_message(args, message):
     proc = bash(str(REPO / "hvd_scripts" / args[0]), *args[1:])
