@@ -1,7 +1,7 @@
 """Command line of ``train.py``.
 
     horovodrun -np N python train.py --config FILE [FILE ...] [--set key=value ...]
-                                     [--dry-run] [--resume] [--check [LAUNCHER]]
+                                     [--dry-run] [--resume] [--check [LAUNCHER] [--here]]
     torchrun --nproc-per-node N train.py --config FILE [FILE ...] ...
 """
 from __future__ import annotations
@@ -54,23 +54,39 @@ def parse_args(argv=None) -> argparse.Namespace:
                              "launching); exit 0, or 2 with one line. With the launcher "
                              "that will start the job (horovodrun or torchrun) its options "
                              "are checked against it too")
+    parser.add_argument("--here", action="store_true",
+                        help="with --check: the job starts on this host only "
+                             "(hvd_scripts/run_single_node.sh, a one-node run_torchrun.sh), so "
+                             "run.device=cuda is checked here too (a GPU this process sees, "
+                             "Horovod's GPU operations); a multi-node launch checks it on the "
+                             "hosts that train")
     args = parser.parse_args(argv)
+    if args.here and args.check is None:
+        parser.error("--here goes with --check (it says where the checked job will start)")
     if args.check and args.check not in LAUNCHERS.values():
         parser.error(f"--check {args.check}: the launcher is one of "
                      f"{', '.join(LAUNCHERS.values())}")
     return args
 
 
-def check(cfg, resume: bool = False, run_folder: bool = True) -> None:
+def check(cfg, resume: bool = False, run_folder: bool = True,
+          device_backend: str | None = None) -> None:
     """The config (already validated), its data files and (``run_folder``) the run folder,
     in this one process: what a launched job would fail on next (bad or missing files, a
     folder that holds another run, a resume that has nothing to continue or changes the
-    experiment). A dry run writes no folder; a series decides per run whether it resumes."""
+    experiment). A dry run writes no folder; a series decides per run whether it resumes.
+    ``device_backend`` (the transport of a job that starts on this host): run.device=cuda
+    is checked here too."""
     from pathlib import Path
 
+    from .device import gpu_problem
     from .resume import run_dir_problem
     from .tasks import build_task
 
+    if device_backend is not None and cfg.run.device == "cuda":
+        problem = gpu_problem(device_backend)
+        if problem is not None:
+            raise ConfigError(problem)
     build_task(cfg, rank=0, world_size=1)
     problem = run_folder and run_dir_problem(cfg, Path(cfg.run.output_dir) / cfg.run.name,
                                              resume)
@@ -99,7 +115,9 @@ def main(argv=None) -> int:
         return 2
     if args.check is not None:
         try:
-            check(cfg, resume=args.resume, run_folder=not args.dry_run)
+            backend = {name: b for b, name in LAUNCHERS.items()}.get(args.check, "local")
+            check(cfg, resume=args.resume, run_folder=not args.dry_run,
+                  device_backend=backend if args.here else None)
         except ConfigError as exc:
             print(f"config error: {exc}", file=sys.stderr)
             return 2

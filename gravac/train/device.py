@@ -34,26 +34,31 @@ def _horovod_gpu_ops() -> bool:
     return bool(hvd.nccl_built() or hvd.cuda_built() or hvd.rocm_built())
 
 
+def gpu_problem(backend: str) -> str | None:
+    """Why this process cannot train on a GPU over transport ``backend`` ("horovod",
+    "torch", "local"), said as ``run.device=cuda``'s refusal; None when it can. What
+    ``rank_device`` refuses, and ``train.py --here --check`` before a launch on this host."""
+    if not torch.cuda.is_available():
+        return ("run.device='cuda': this process sees no CUDA GPU (torch.cuda.is_available() "
+                "is False: a CPU build of torch, or no driver); use run.device=cpu or auto")
+    if backend == "horovod" and not _horovod_gpu_ops():
+        return ("run.device='cuda': this Horovod was built without GPU operations, so it "
+                "cannot move CUDA tensors; rebuild it with HOROVOD_GPU_OPERATIONS=NCCL, launch "
+                "with torchrun (run.backend=torch), or use run.device=cpu")
+    return None
+
+
 def rank_device(setting: str, comm) -> torch.device:
     """This rank's device for ``run.device=setting`` on transport ``comm`` (started)."""
     if setting not in DEVICES:
         raise ConfigError(f"run.device={setting!r}: {one_of(setting, DEVICES)}")
     if setting == "cpu":
         return torch.device("cpu")
-    available = torch.cuda.is_available()
-    if setting == "auto" and not available:
-        return torch.device("cpu")
-    if not available:
-        raise ConfigError("run.device='cuda': this process sees no CUDA GPU "
-                          "(torch.cuda.is_available() is False: a CPU build of torch, or no "
-                          "driver); use run.device=cpu or auto")
-    if comm.backend == "horovod" and not _horovod_gpu_ops():
+    problem = gpu_problem(comm.backend)
+    if problem is not None:
         if setting == "auto":
             return torch.device("cpu")
-        raise ConfigError("run.device='cuda': this Horovod was built without GPU operations, "
-                          "so it cannot move CUDA tensors; rebuild it with "
-                          "HOROVOD_GPU_OPERATIONS=NCCL, launch with torchrun "
-                          "(run.backend=torch), or use run.device=cpu")
+        raise ConfigError(problem)
     if comm.backend == "torch":
         import torch.distributed as dist
 

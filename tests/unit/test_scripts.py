@@ -314,6 +314,32 @@ def test_launchers_check_the_config_before_starting_ranks(script, args, tmp_path
     assert not calls.exists()
 
 
+@pytest.mark.parametrize("script, env, refused", [
+    ("run_single_node.sh", {}, True),
+    ("run_torchrun.sh", {}, True),
+    # Several nodes: the GPUs are on the hosts that train, not necessarily this one.
+    ("run_torchrun.sh", {"GRAVAC_NNODES": "2", "GRAVAC_RDZV_ENDPOINT": "h0:29400"}, False),
+])
+def test_a_launch_on_this_host_checks_run_device_here(script, env, refused, tmp_path):
+    """run.device=cuda on a host without a GPU is the check's one line when every rank
+    starts here (it was horovodrun's 29-line traceback with gravac's line last)."""
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("this host has a GPU")
+    venv, calls = _fake_venv(tmp_path)
+    proc = subprocess.run(["bash", str(REPO / "hvd_scripts" / script), "2", "configs/demo.yaml",
+                           "--", "--set", "run.device=cuda", f"run.output_dir={tmp_path}/runs"],
+                          cwd=REPO, capture_output=True, text=True, timeout=600,
+                          env={"PATH": "/usr/bin:/bin", "GRAVAC_VENV": str(venv), **env})
+    if refused:
+        assert proc.returncode == 2 and not calls.exists()
+        assert proc.stderr.splitlines()[-1].startswith(
+            "config error: run.device='cuda': this process sees no CUDA GPU")
+    else:
+        assert proc.returncode == 0, proc.stderr
+        assert calls.exists()
+
+
 def test_a_series_continues_with_resume_as_its_header_says(tmp_path):
     """`-- --resume` on a series whose runs had not all started failed each of
     those with "--resume: no checkpoint". Its horovodrun here is a stand-in that runs the
