@@ -340,14 +340,18 @@ def load_sweep(path: str | Path, repo: Path = REPO) -> Sweep:
     path = Path(path).expanduser()
     if not path.is_file() and not path.is_absolute() and (repo / path).is_file():
         path = repo / path                 # e.g. configs/sweeps/x.yaml from elsewhere
+    if path.is_dir():
+        inside = sorted(str(p) for p in path.glob("*.yaml"))
+        raise SweepError(f"sweep file {str(path)!r} is a folder; name one sweep file in it"
+                         + (f", e.g. {inside[0]}" if inside else " (it holds no .yaml file)"))
     if not path.is_file():
         raise SweepError(f"sweep file {str(path)!r} not found (looked in the current "
                          f"directory and in {repo})")
     try:
         data = yaml_strict.load(path.read_text())
     except yaml.YAMLError as exc:
-        raise SweepError(f"sweep file {str(path)!r} is not valid YAML: "
-                         f"{str(exc).splitlines()[0]}") from None
+        raise SweepError(f"sweep file {yaml_strict.error_where(path, exc)}: not valid YAML: "
+                         f"{yaml_strict.problem(exc)}") from None
     sweep = parse_sweep(data, default_name=safe_name(path.stem) or "sweep", repo=repo)
     sweep.source = path
     return sweep

@@ -295,27 +295,12 @@ def read_yaml(path: str | Path) -> dict:
     try:
         data = yaml_strict.load(path.read_text()) or {}
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{yaml_error_where(path, exc)}: not valid YAML: "
-                          f"{yaml_problem(exc)}") from None
+        raise ConfigError(f"{yaml_strict.error_where(path, exc)}: not valid YAML: "
+                          f"{yaml_strict.problem(exc)}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"config file {str(path)!r} must hold a mapping of sections "
                           f"(run, model, data, optimizer, compression), got {type(data).__name__}")
     return data
-
-
-def yaml_error_where(path, exc: yaml.YAMLError) -> str:
-    """``file:line:column`` of a YAML error (1-based, as editors count), or the file alone."""
-    mark = getattr(exc, "problem_mark", None)
-    return f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
-
-
-def yaml_problem(exc: yaml.YAMLError) -> str:
-    """The YAML error's problem in a few words ("mapping values are not allowed here")."""
-    problem = getattr(exc, "problem", None)
-    context = getattr(exc, "context", None)
-    if problem:
-        return f"{context}, {problem}" if context else problem
-    return str(exc).splitlines()[0]
 
 
 def parse_override(text: str) -> dict:

@@ -45,3 +45,18 @@ def load(text: str):
     """``yaml.safe_load(text)``, but a key given twice in one mapping raises
     ``yaml.constructor.ConstructorError`` (a ``yaml.YAMLError``) at the second one."""
     return yaml.load(text, Loader=_UniqueKeyLoader)
+
+
+def error_where(path, exc: yaml.YAMLError) -> str:
+    """``file:line:column`` of a YAML error (1-based, as editors count), or the file alone."""
+    mark = getattr(exc, "problem_mark", None)
+    return f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+
+
+def problem(exc: yaml.YAMLError) -> str:
+    """The YAML error's problem in a few words ("mapping values are not allowed here")."""
+    what = getattr(exc, "problem", None)
+    context = getattr(exc, "context", None)
+    if what:
+        return f"{context}, {what}" if context else what
+    return str(exc).splitlines()[0]

@@ -208,6 +208,20 @@ def test_invalid_sweep_file_on_the_command_line_exits_2_before_any_check(tmp_pat
     assert calls == [] and not (tmp_path / "out").exists()
 
 
+def test_a_sweep_file_that_is_a_folder_or_bad_yaml_is_named_with_where(tmp_path):
+    (tmp_path / "b.yaml").write_text("name: b\n")
+    with pytest.raises(sws.SweepError) as err:
+        sws.load_sweep(tmp_path)
+    assert str(err.value) == (f"sweep file {str(tmp_path)!r} is a folder; name one sweep file "
+                              f"in it, e.g. {tmp_path / 'b.yaml'}")
+    bad = tmp_path / "b.yaml"
+    bad.write_text("name: b\ngrid:\n  a: [1\n")
+    with pytest.raises(sws.SweepError) as err:
+        sws.load_sweep(bad)
+    assert str(err.value).startswith(f"sweep file {bad}:4:1: not valid YAML: while parsing a "
+                                     "flow sequence")
+
+
 def test_a_key_given_twice_in_the_sweep_file_is_refused(tmp_path):
     path = tmp_path / "s.yaml"
     path.write_text("name: s\nnp: 2\nnp: 4\n")
