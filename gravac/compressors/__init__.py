@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import inspect
 
+from ..util.choices import did_you_mean
 from ..util.sizes import num_kept
 from .base import Compressor, SelectContext
 from .dgc import DGC
@@ -48,13 +49,14 @@ def get(name: str | Compressor, **options) -> Compressor:
                              "instance; configure the instance instead")
         return name
     if not isinstance(name, str) or name.lower() not in REGISTRY:
-        raise ValueError(f"unknown compressor {name!r}; known compressors: {', '.join(REGISTRY)}")
+        raise ValueError(f"unknown compressor {name!r}; known compressors: {', '.join(REGISTRY)}"
+                         f"{did_you_mean(name, REGISTRY)}")
     cls = REGISTRY[name.lower()]
     allowed = [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
     unknown = sorted(set(options) - set(allowed))
     if unknown:
         raise ValueError(f"unknown option(s) {unknown} for compressor {name!r}; "
-                         f"allowed: {allowed or 'none'}")
+                         f"allowed: {allowed or 'none'}{did_you_mean(unknown[0], allowed)}")
     _check_option_types(cls, options)
     return cls(**options)
 

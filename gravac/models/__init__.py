@@ -25,6 +25,7 @@ from typing import Callable
 
 from torch import nn
 
+from ..util.choices import did_you_mean
 from .cnn import SmallCNN, WideHeadCNN
 from .lstm import Hidden, LSTMLanguageModel, detach_hidden, lstm_paper
 from .resnet import BasicBlock, Bottleneck, ResNet, resnet18, resnet50, resnet101, resnet101_paper
@@ -72,13 +73,14 @@ def build_model(name: str, **kwargs) -> nn.Module:
     """
     factory = _REGISTRY.get(name)
     if factory is None:
-        raise ValueError(f"unknown model {name!r}; known models: {', '.join(MODEL_NAMES)}")
+        raise ValueError(f"unknown model {name!r}; known models: {', '.join(MODEL_NAMES)}"
+                         f"{did_you_mean(name, MODEL_NAMES)}")
     params = inspect.signature(factory).parameters
     allowed = [p for p in params if p != "self"]
     unknown = [k for k in kwargs if k not in params]
     if unknown:
         raise ValueError(f"model {name!r} got unknown argument(s) {', '.join(map(repr, unknown))}; "
-                         f"allowed: {', '.join(allowed)}")
+                         f"allowed: {', '.join(allowed)}{did_you_mean(unknown[0], allowed)}")
     missing = [p.name for p in params.values()
                if p.default is inspect.Parameter.empty and p.name not in kwargs]
     if missing:

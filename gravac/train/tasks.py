@@ -24,6 +24,7 @@ from .. import data as D
 from .config import Config, ConfigError
 from .device import to_device
 from ..models import IMAGE_MODELS, build_model, detach_hidden
+from ..util.choices import did_you_mean
 
 DATA_OPTIONS = {
     "digits": {"test_fraction": 0.2},
@@ -43,7 +44,8 @@ def data_options(cfg: Config) -> dict:
     unknown = sorted(set(cfg.data.options) - set(defaults))
     if unknown:
         raise ConfigError(f"data.options={cfg.data.options!r}: unknown option(s) {unknown} for "
-                          f"{cfg.data.name}; allowed: {', '.join(defaults) or 'none'}")
+                          f"{cfg.data.name}; allowed: {', '.join(defaults) or 'none'}"
+                          f"{did_you_mean(unknown[0], defaults)}")
     return {**defaults, **cfg.data.options}
 
 

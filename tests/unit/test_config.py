@@ -461,3 +461,22 @@ def test_a_run_that_may_build_the_hierarchical_exchange_gets_horovods_process_se
     monkeypatch.delenv("HOROVOD_DYNAMIC_PROCESS_SETS", raising=False)
     prepare_environment(load_config([], ["run.steps=5", *sets]))
     assert os.environ.get("HOROVOD_DYNAMIC_PROCESS_SETS") == "1"
+
+
+@pytest.mark.parametrize("sets, message", [
+    (["model.options={num_clases: 3}"], "allowed: num_classes, in_channels, image_size; did you "
+                                        "mean num_classes?"),
+    (["data.name=synthetic_images", "data.options={num_trian: 3}"], "did you mean num_train?"),
+    (["compression.compressor=dgc", "compression.compressor_options={sample_fractoin: 0.1}"],
+     "did you mean sample_fraction?"),
+])
+def test_a_misspelt_model_data_or_compressor_option_is_named_with_the_one_meant(sets, message):
+    from gravac.train.cli import main
+    import contextlib
+    import io
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = main(["--config", str(REPO / "configs/demo.yaml"), "--set", "run.backend=local",
+                     *sets, "--dry-run"])
+    assert code == 2 and message in err.getvalue(), err.getvalue()
