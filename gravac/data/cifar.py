@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
-from .errors import DataFileError
+from .errors import DataFileError, check_root
 
 
 #: Per-channel mean / std of the CIFAR training sets, on pixels scaled to [0, 1].
@@ -41,6 +41,7 @@ def _cifar_howto(dataset: str, root: str) -> str:
 def _cifar_folder(root: str | os.PathLike, dataset: str) -> str:
     folder, train_files, _, _, _ = _CIFAR[dataset]
     root = os.fspath(root)
+    check_root(root, f"{folder}/")
     path = os.path.join(root, folder)
     if os.path.isdir(path):
         return path

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .errors import DataFileError
+from .errors import DataFileError, check_root
 from .samplers import check_rank
 
 
@@ -83,6 +83,7 @@ def load_ptb(root: str | os.PathLike) -> Corpus:
         train = batchify(corpus.train, batch_size=20)     # [46479, 20]
     """
     root = os.fspath(root)
+    check_root(root, ", ".join(PTB_FILES))
     missing = [n for n in PTB_FILES if not os.path.isfile(os.path.join(root, n))]
     if missing:
         raise FileNotFoundError(

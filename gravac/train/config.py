@@ -500,7 +500,7 @@ def validate(cfg: Config) -> None:
              r.name, "must be a folder name inside run.output_dir: non-empty, without '/', "
              "not '.' or '..'")
     _require((r.steps is None) != (r.epochs is None), "run.steps", r.steps,
-             f"set exactly one of run.steps and run.epochs (run.epochs={r.epochs!r})")
+             f"set exactly one of run.steps and run.epochs (run.epochs={_shown(r.epochs)})")
     for key, value in (("run.steps", r.steps), ("run.epochs", r.epochs)):
         _require(value is None or value >= 1, key, value, "must be >= 1")
     for key, value in (("run.eval_interval", r.eval_interval),

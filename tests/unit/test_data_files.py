@@ -106,3 +106,17 @@ def test_train_py_with_a_truncated_cifar_file_exits_2_in_one_line(tmp_path):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and f"{bad}: ends too early" in lines[0]
     assert not (tmp_path / "r").exists() or not any((tmp_path / "r").rglob("metrics.jsonl"))
+
+
+@pytest.mark.parametrize("model, holds", [("resnet101_cifar10", "cifar-10-batches-py/"),
+                                          ("lstm_ptb", "ptb.train.txt, ptb.valid.txt")])
+def test_a_data_root_that_is_a_file_is_named_as_one(model, holds, tmp_path):
+    """It was reported as a folder not found inside it."""
+    root = tmp_path / "cifar-10-python.tar.gz"
+    root.write_bytes(b"not a folder")
+    cfg = load_config([str(Path(__file__).resolve().parents[2] / f"configs/models/{model}.yaml")],
+                      [f"data.root={root}"])
+    with pytest.raises(ConfigError) as err:
+        build_task(cfg, rank=0, world_size=1)
+    assert str(err.value).startswith(f"data.root={str(root)!r}: a file, not a folder; give the "
+                                     f"folder that holds {holds}")
