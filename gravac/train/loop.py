@@ -40,24 +40,31 @@ from .method import build_method, prepare_environment
 from .monitor import RankPhaseLog, RunLogger, truncate_metrics
 from .resume import occupied, run_dir_problem
 from .run_lock import RunDirLock, clear_run_dir
-from .schedule import build_scheduler
+from .schedule import build_scheduler, changed_schedule_factor, continue_schedule
 from .signals import Interrupted, StopSignal
 from .tasks import build_task
 from .watchdog import CHECKPOINT, COMMIT, EVALUATION, EXCHANGE, StallWatchdog
 
 
-_IMPLEMENTATION_KEYS = ("fused", "foreach")
+def _group_options(opt) -> list[dict]:
+    """Each param group's hyperparameters as configured (lr, momentum, weight decay, the
+    kernel flags), taken before a schedule or a loaded state changes them."""
+    return [{k: v for k, v in group.items() if k != "params"} for group in opt.param_groups]
 
 
-def _implementation_of(opt) -> dict:
-    return {k: opt.param_groups[0].get(k) for k in _IMPLEMENTATION_KEYS}
-
-
-def _keep_implementation(opt, flags: dict) -> None:
-    """A loaded optimizer state brings the saved run's kernel choice in its param groups;
-    the configured one stays (``optimizer.implementation`` may change on resume)."""
-    for group in opt.param_groups:
-        group.update(flags)
+def _configured(opt_state: dict, options: list[dict], lr: float | None = None) -> dict:
+    """``opt_state`` with this run's hyperparameters in its param groups: torch's
+    ``load_state_dict`` takes the saved ones, so a change ``run.resume_allow_changes``
+    forced (optimizer.momentum, optimizer.implementation, which may change freely) would
+    be silently undone. The learning rate stays the saved one (the schedule's position)
+    unless ``lr`` (a forced change of the schedule) replaces it."""
+    groups = []
+    for saved, configured in zip(opt_state["param_groups"], options):
+        group = {**saved, **{k: v for k, v in configured.items() if k not in ("lr", "initial_lr")}}
+        if lr is not None:
+            group.update(lr=lr * configured["lr"], initial_lr=configured["lr"])
+        groups.append(group)
+    return {**opt_state, "param_groups": groups}
 
 
 def _prepare_run_dir(cfg: Config, run_dir: Path, resume: bool, comm: Comm,
@@ -108,7 +115,7 @@ class Trainer:
         self.model = self.task.model
         self.method = build_method(cfg, comm)
         self.opt = self.method.build_optimizer(self.model, defer_agreement=elastic)
-        self._implementation = _implementation_of(self.opt)
+        self._options = _group_options(self.opt)
         # The task's forward (and so backward) goes through DDP where the method is DDP,
         # which averages the gradients; checkpoints and evaluation keep the bare model.
         self.task.model = self.method.wrap_model(self.model)
@@ -194,9 +201,11 @@ class Trainer:
             raise ConfigError(f"--resume: the checkpoint in {self.run_dir / 'checkpoints'} "
                               f"holds another model ({first}); resume with the run's "
                               "model settings or start a new run") from None
-        self.opt.load_state_dict(rank_state["optimizer"])
-        _keep_implementation(self.opt, self._implementation)
-        self.scheduler.load_state_dict(common["scheduler"])
+        # A schedule changed under run.resume_allow_changes goes on from the saved step.
+        factor = changed_schedule_factor(common["scheduler"], self.cfg.optimizer,
+                                         (common.get("config") or {}).get("optimizer"))
+        self.opt.load_state_dict(_configured(rank_state["optimizer"], self._options, factor))
+        continue_schedule(self.scheduler, common["scheduler"], changed=factor is not None)
         set_rng_state(rank_state["rng"])
         self.task.load_state_dict(rank_state["task"])
         self.step, self.epoch = common["step"], common["epoch"]
@@ -266,8 +275,7 @@ class Trainer:
             opt_state[STATE_KEY] = extra
         # Also drops gradient handles a failed collective left behind (Horovod's optimizer
         # clears them in load_state_dict; gravac's resets its step flags).
-        self.opt.load_state_dict(opt_state)
-        _keep_implementation(self.opt, self._implementation)
+        self.opt.load_state_dict(_configured(opt_state, self._options))
         self.scheduler.load_state_dict(copy.deepcopy(shared["scheduler"]))
         for key, value in shared["position"].items():
             setattr(self, key, value)

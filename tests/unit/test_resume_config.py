@@ -1,5 +1,6 @@
 """--resume compares the config with the run's own and refuses what may not
 change (gravac/train/resume.py), in one line, before anything is loaded or rewritten."""
+import warnings
 from pathlib import Path
 
 import pytest
@@ -81,3 +82,40 @@ def test_resume_with_another_method_or_model_is_refused_in_one_line(tmp_path):
     assert forced.returncode == 0, forced.stderr
     assert "resume: allowed change optimizer.lr" in forced.stdout
     assert "lr: 0.01" in (tmp_path / "r" / "config.yaml").read_text()
+
+
+def _trainer(tmp_path, *sets):
+    from gravac.comm.local import LocalComm
+    from gravac.train.loop import Trainer
+
+    cfg = load_config([DEMO], [f"run.output_dir={tmp_path}", "run.name=r", "run.backend=local",
+                               "run.report=false", "run.checkpoint_interval=0",
+                               "optimizer.lr_milestones=[2]", *sets])
+    return Trainer(cfg, LocalComm())
+
+
+def test_a_forced_optimizer_change_is_applied_not_undone_by_the_checkpoint(tmp_path):
+    """torch's load_state_dict takes the saved param groups: a forced optimizer.lr or
+    momentum was announced as allowed and then trained with the checkpoint's values."""
+    from gravac.train.loop import train
+
+    train(load_config([DEMO], [f"run.output_dir={tmp_path}", "run.name=r", "run.backend=local",
+                               "run.report=false", "run.steps=4",
+                               "optimizer.lr_milestones=[2]"]))
+    same = _trainer(tmp_path, "run.steps=6")
+    same.start(resume=True)
+    group = same.opt.param_groups[0]
+    assert (group["lr"], group["momentum"]) == (0.05 * 0.1, 0.9)   # past the milestone
+    same.release_run_dir()
+    forced = _trainer(tmp_path, "run.steps=6", "optimizer.lr=0.01", "optimizer.momentum=0.5",
+                      "optimizer.lr_warmup_steps=8", "run.resume_allow_changes=[optimizer]")
+    forced.start(resume=True)
+    group = forced.opt.param_groups[0]
+    # the new schedule at the saved step 4: half-way up the warm-up, past the milestone
+    assert group["momentum"] == 0.5
+    assert group["lr"] == pytest.approx(0.01 * (0.01 + 0.99 * 4 / 8) * 0.1)
+    with warnings.catch_warnings():    # "scheduler.step() before optimizer.step()": no step here
+        warnings.simplefilter("ignore")
+        forced.scheduler.step()
+    assert group["lr"] == pytest.approx(0.01 * (0.01 + 0.99 * 5 / 8) * 0.1)
+    forced.release_run_dir()
