@@ -204,7 +204,14 @@ class Trainer:
         # A schedule changed under run.resume_allow_changes goes on from the saved step.
         factor = changed_schedule_factor(common["scheduler"], self.cfg.optimizer,
                                          (common.get("config") or {}).get("optimizer"))
-        self.opt.load_state_dict(_configured(rank_state["optimizer"], self._options, factor))
+        try:
+            self.opt.load_state_dict(_configured(rank_state["optimizer"], self._options, factor))
+        except ValueError as exc:    # a controller's state saved with other settings
+            raise ConfigError(f"--resume: the optimizer state in "
+                              f"{self.run_dir / 'checkpoints' / info['dir']} does not fit this "
+                              f"run's ({exc}); a controller's state cannot be carried over to "
+                              "other compression settings, even forced: resume with the run's "
+                              "own or start a new run") from None
         continue_schedule(self.scheduler, common["scheduler"], changed=factor is not None)
         set_rng_state(rank_state["rng"])
         self.task.load_state_dict(rank_state["task"])

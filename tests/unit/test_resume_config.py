@@ -119,3 +119,18 @@ def test_a_forced_optimizer_change_is_applied_not_undone_by_the_checkpoint(tmp_p
         forced.scheduler.step()
     assert group["lr"] == pytest.approx(0.01 * (0.01 + 0.99 * 5 / 8) * 0.1)
     forced.release_run_dir()
+
+
+def test_a_forced_controller_change_that_its_state_cannot_take_is_one_line(tmp_path):
+    """The refusal offers run.resume_allow_changes; for a controller's settings that ended
+    in the controller's ValueError traceback when the checkpoint was loaded."""
+    from gravac.train.loop import train
+
+    train(load_config([DEMO], [f"run.output_dir={tmp_path}", "run.name=r", "run.backend=local",
+                               "run.report=false", "run.steps=2"]))
+    for change in ("compression.gravac.window=30", "compression.controller=accordion"):
+        trainer = _trainer(tmp_path, "run.steps=4", change, "run.resume_allow_changes=all")
+        with pytest.raises(ConfigError, match=r"^--resume: the optimizer state in .*step_00000002 "
+                                              r"does not fit this run's \(.*\); .* start a new run$"):
+            trainer.start(resume=True)
+        trainer.release_run_dir()
