@@ -378,6 +378,12 @@ class DistributedOptimizerMixin:
         gravac's: residuals, PowerSGD's Q and the controller's per-layer tensors also move
         to their parameters' devices (and residuals to their dtypes), so a checkpoint
         saved on a GPU resumes on a CPU, and one read with ``map_location="cpu"`` on a GPU."""
+        if "param_groups" not in state_dict and "format" in state_dict:
+            # torch's own KeyError 'param_groups' named neither what was given nor the way
+            raise ValueError("this is gravac's state alone (a GravacHookState's state_dict(), "
+                             f"or an optimizer state's {STATE_KEY!r} entry): load it into a "
+                             "GravacHookState, or give this optimizer a whole optimizer state "
+                             f"dict, with it as its {STATE_KEY!r} entry")
         state_dict = dict(state_dict)
         extra = state_dict.pop(STATE_KEY, None)
         super().load_state_dict(state_dict)

@@ -96,6 +96,18 @@ def test_state_dict_carries_memory_controller_and_step():
     assert opt2.last_stats.step == 3
 
 
+
+def test_gravacs_state_alone_is_refused_naming_where_it_belongs():
+    """A GravacHookState's state_dict() (or the optimizer state's "gravac" entry) given to
+    the optimizer: torch's KeyError 'param_groups' before; the hook says the reverse."""
+    model = _model()
+    opt = gravac.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                      model.named_parameters(), controller=Static(cf=10))
+    _backward(model, 0)
+    opt.step()
+    with pytest.raises(ValueError, match=r"^this is gravac's state alone .*GravacHookState"):
+        opt.load_state_dict(opt.state_dict()["gravac"])
+
 def test_missing_gradient_is_sent_as_zero_and_frozen_is_skipped():
     model = _model()
     model[2].weight.requires_grad_(False)
