@@ -442,6 +442,11 @@ class Trainer:
             self.log.message(f"the run had finished its {self.step} steps already; "
                              "raise run.steps to train on")
         else:
+            if self.step == self._resumed_at and self.total_steps < self.step:
+                # a resume with fewer steps than done: nothing trains; said, not silent
+                self.log.message(f"the checkpoint is at step {self.step}, past the run's "
+                                 f"{self.total_steps} steps (run.steps, run.epochs): the run "
+                                 "ends there; raise them to train on")
             try:
                 self.watchdog.start()
                 with self.watchdog.timed(EVALUATION):

@@ -2,6 +2,7 @@
 same engine, and metrics lines that carry exactly the step record's fields."""
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -68,6 +69,25 @@ def test_resuming_a_finished_run_logs_its_final_evaluation_once(tmp_path, capsys
     assert longer["steps"] == 30
     assert [r["step"] for r in records if r["kind"] == "eval"] == [20, 30]
 
+
+
+def test_resuming_an_unfinished_run_with_fewer_steps_says_it_ends_at_the_checkpoint(tmp_path,
+                                                                                       capsys):
+    """A run stopped at step 10 of 20, resumed with run.steps=5: it ends at step 10 (a
+    final evaluation there) and says so; it ended silently, reporting 10 steps."""
+    sets = [f"run.output_dir={tmp_path}", "run.name=cut", "run.backend=local",
+            "run.progress=never", "run.report=false", "run.checkpoint_interval=10"]
+    demo = str(REPO / "configs/demo.yaml")
+    train(load_config([demo], [*sets, "run.steps=20"]))
+    root = tmp_path / "cut" / "checkpoints"     # as if it had been stopped after step 10
+    shutil.rmtree(root / "step_00000020")
+    (root / "latest.json").write_text(json.dumps({"step": 10, "dir": "step_00000010",
+                                                  "world_size": 1}))
+    capsys.readouterr()
+    shorter = train(load_config([demo], [*sets, "run.steps=5"]), resume=True)
+    assert shorter["steps"] == 10
+    assert ("the checkpoint is at step 10, past the run's 5 steps (run.steps, run.epochs): "
+            "the run ends there; raise them to train on") in capsys.readouterr().out
 
 PROGRESS = [("auto", True), ("plain", True), ("never", False)]
 
