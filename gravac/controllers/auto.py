@@ -119,7 +119,8 @@ from typing import Mapping, Sequence
 
 from ..util import sizes
 from ..util.choices import one_of
-from .base import SENT_DENSE, SENT_MIN, Controller, StepPlan, StepRecord, Sync
+from .base import (SENT_DENSE, SENT_MIN, Controller, StepPlan, StepRecord, Sync, decision_count,
+                   keep_decision)
 from .gravac import DECIDE_RULES, default_alpha
 from .ladder import build_ladder
 from .methods import Method
@@ -1288,7 +1289,7 @@ class Auto(Controller):
 
     # -- logging and state ----------------------------------------------------------------
     def _log(self, step: int, event: str, method: str, **fields) -> None:
-        self._s["decisions"].append({"step": step, "event": event, "method": method, **fields})
+        keep_decision(self._s, {"step": step, "event": event, "method": method, **fields})
 
     @property
     def current(self) -> str:
@@ -1311,6 +1312,10 @@ class Auto(Controller):
     @property
     def decisions(self) -> list[dict]:
         return self._s["decisions"]
+
+    @property
+    def decisions_made(self) -> int:
+        return decision_count(self._s)
 
     def state_dict(self) -> dict:
         return {"hyper": self.describe(), "state": copy.deepcopy(self._s)}

@@ -22,6 +22,12 @@ import torch
 from .methods import Method
 
 SENT_CANDIDATE, SENT_MIN, SENT_DENSE = "candidate", "min", "dense"
+#: Decision records a controller keeps (``decisions``), in memory and in its state dict.
+#: They are a log that no decision reads; the trainer writes each to metrics.jsonl as it
+#: appears (``decisions_made`` says which are new). Kept whole, they grew every checkpoint
+#: and elastic commit by ~3 KB per 1k steps (GraVAC, window 50; Auto ~2 KB), and
+#: Accordion's per-layer records were broadcast whole at every interval.
+DECISIONS_KEPT = 1000
 #: How a compression level's gain is measured (docs/ALGORITHM.md §7, "gain measure").
 GAIN_MEASURES = ("energy", "norm")
 
@@ -180,8 +186,14 @@ class Controller(ABC):
 
     @property
     def decisions(self) -> list[dict]:
-        """Window decisions so far (for logging); empty for controllers without windows."""
+        """The latest ``DECISIONS_KEPT`` window decisions (for logging); empty for
+        controllers without windows."""
         return []
+
+    @property
+    def decisions_made(self) -> int:
+        """How many decision records were made in all (``decisions`` holds the latest)."""
+        return len(self.decisions)
 
     def state_dict(self) -> dict:
         return {}
@@ -192,3 +204,20 @@ class Controller(ABC):
     def describe(self) -> dict:
         """The user-facing hyperparameters (for logs and configuration checks)."""
         return {"controller": type(self).__name__}
+
+
+def keep_decision(state: dict, record: dict) -> None:
+    """Append ``record`` to ``state["decisions"]``, dropping the oldest beyond
+    ``DECISIONS_KEPT``; ``state["decisions_dropped"]`` counts those dropped."""
+    decisions = state["decisions"]
+    decisions.append(record)
+    extra = len(decisions) - DECISIONS_KEPT
+    if extra > 0:
+        del decisions[:extra]
+        state["decisions_dropped"] = state.get("decisions_dropped", 0) + extra
+
+
+def decision_count(state: dict) -> int:
+    """The decision records made in all by a controller whose state is ``state`` (states
+    saved before records were dropped have no count: none was)."""
+    return state.get("decisions_dropped", 0) + len(state["decisions"])

@@ -54,7 +54,7 @@ import math
 
 from ..util.choices import one_of
 from .base import (GAIN_MEASURES, SENT_CANDIDATE, SENT_DENSE, SENT_MIN, Controller, StepPlan,
-                   StepRecord, Sync)
+                   StepRecord, Sync, decision_count, keep_decision)
 from .ladder import POLICIES, build_ladder, next_rung
 
 SCALE_UP_RULES = ("gain", "epsilon")
@@ -222,6 +222,10 @@ class GraVAC(Controller):
     def decisions(self) -> list[dict]:
         return self._state["decisions"]
 
+    @property
+    def decisions_made(self) -> int:
+        return decision_count(self._state)
+
     # -- per step -----------------------------------------------------------------------
     def _candidate_active(self, step: int) -> bool:
         return step >= self.warmup_windows * self.window and self.theta_c > self.theta_min
@@ -285,9 +289,8 @@ class GraVAC(Controller):
             # Rank 0's evaluation (timings are rank-local) becomes every rank's state. The
             # history stays out of the message: every rank appends the same new record.
             state, record_ = sync.broadcast_object(proposal, name="gravac.controller.window")
-            decisions = self._state["decisions"]
-            decisions.append(record_)
-            self._state = {**state, "decisions": decisions}
+            self._state = {**state, "decisions": self._state["decisions"]}
+            keep_decision(self._state, record_)
 
     # -- per window ---------------------------------------------------------------------
     def evaluate(self, step: int) -> tuple[dict, dict]:

@@ -235,7 +235,7 @@ class Trainer:
         self.log = RunLogger(self.run_dir, enabled=self.rank == 0, total_steps=self.total_steps,
                              progress=self.cfg.run.progress, initial_step=self.step)
         self.rank_log = RankPhaseLog(self.run_dir, self.rank, enabled=self.cfg.run.rank_phases)
-        self._decisions_logged = len(self.controller.decisions) if self.controller else 0
+        self._decisions_logged = self.controller.decisions_made if self.controller else 0
         self.log.record(record or new_record(
             RUN_START, name=self.cfg.run.name, time=self.elapsed(), step=self.step,
             world_size=self.world, **self.method.start_fields(),
@@ -418,9 +418,12 @@ class Trainer:
             self.log.progress(step, loss=entry["loss"], cf=stats.cf,
                               samples_per_sec=entry["samples_per_sec"])
         controller = self.controller
-        if controller is not None and len(controller.decisions) > self._decisions_logged:
-            for number, d in enumerate(controller.decisions[self._decisions_logged:],
-                                       start=self._decisions_logged + 1):
+        made = controller.decisions_made if controller is not None else 0
+        if made > self._decisions_logged:
+            # ``decisions`` holds the latest records only (DECISIONS_KEPT): the new ones
+            # are its last, numbered from the count of all made.
+            new = controller.decisions[-(made - self._decisions_logged):]
+            for number, d in enumerate(new, start=made - len(new) + 1):
                 if "table" in d:                   # GraVAC window decisions
                     # "step" counts steps done, as step and eval records do (the controller
                     # indexes steps from 0); "window" numbers windows from 1.
@@ -431,7 +434,7 @@ class Trainer:
                 elif "event" in d:                 # Auto's method events
                     self.log.record(new_record(METHOD, time=elapsed,
                                                **{**d, "step": d["step"] + 1}))
-            self._decisions_logged = len(controller.decisions)
+            self._decisions_logged = made
 
     def finish(self) -> dict:
         """Collective: final evaluation and checkpoint; rank 0 closes the log and reports."""

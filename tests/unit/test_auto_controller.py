@@ -1,10 +1,11 @@
 """``Auto`` (controller: auto) with scripted step times and gains: what it runs, prunes
 and chooses, exactly; its byte prediction against the engine's size arithmetic; resume."""
+import pickle
 import statistics
 
 import pytest
 
-from gravac.controllers import SENT_DENSE, SENT_MIN, Auto, LocalSync, Method, StepRecord
+from gravac.controllers import SENT_DENSE, SENT_MIN, Auto, LocalSync, Method, StepRecord, base
 from gravac.util import sizes
 
 SHAPES = {"embed": (1000, 64), "fc": (256, 512)}
@@ -420,6 +421,24 @@ def test_state_dict_resumes_to_the_same_decisions():
     assert ran_a == ran_b and a.decisions == b.decisions
     with pytest.raises(ValueError, match="other options"):
         _auto(epsilon=0.6).load_state_dict(a.state_dict())
+
+
+def test_a_long_run_keeps_the_latest_decisions_and_counts_all(monkeypatch):
+    """A re-check every 4 steps logs events for ever: ``decisions`` keeps the latest
+    DECISIONS_KEPT (the trainer writes each as it appears), ``decisions_made`` counts all,
+    and the state's size stops growing; a resumed copy decides alike."""
+    monkeypatch.setattr(base, "DECISIONS_KEPT", 10)
+    times = {"dense": 1.0, "fp16": 0.9, "sparse:10": 2.0}
+    a = _auto(world=2, methods=["dense", "fp16", "sparse:10"], recheck_every=4)
+    _drive(a, 200, times.get, lambda k: 0.9, comm=0.05)
+    made, size = a.decisions_made, len(pickle.dumps(a.state_dict()))
+    b = _auto(world=2, methods=["dense", "fp16", "sparse:10"], recheck_every=4)
+    b.load_state_dict(a.state_dict())
+    for ctrl in (a, b):
+        _drive(ctrl, 2000, times.get, lambda k: 0.9, comm=0.05)
+    assert a.decisions == b.decisions and len(a.decisions) == 10
+    assert a.decisions_made == b.decisions_made > 5 * made > 50
+    assert len(pickle.dumps(a.state_dict())) < 1.1 * size
 
 
 @pytest.mark.parametrize("methods", [None, ["dense", "fp16"]])

@@ -1,7 +1,10 @@
 """GraVAC controller driven by scripted gains and timings (no Horovod)."""
+import pickle
+
 import pytest
 
 from gravac.controllers import GraVAC, LocalSync, StepRecord, build_ladder
+from gravac.controllers.base import DECISIONS_KEPT
 from gravac.controllers.gravac import default_alpha, saturation_point
 
 SYNC = LocalSync()
@@ -347,3 +350,24 @@ def test_the_table_holds_each_cfs_mean_over_the_window():
     speeds = iter([100.0, 200.0, 300.0, 600.0])
     run(ctrl, 4, lambda s, p: (1.0, 1.0), lambda cf: next(speeds))
     assert ctrl.decisions[0]["table"] == {20.0: pytest.approx(300.0)}
+
+
+def test_a_long_run_keeps_the_latest_decisions_and_counts_all():
+    """``decisions`` is a log (the trainer writes each record as it appears): it keeps the
+    latest DECISIONS_KEPT, so the state and checkpoints stay one size over a long run
+    (whole, they grew by a record per window), and ``decisions_made`` counts every one,
+    through a checkpoint too."""
+    def make():
+        return GraVAC(theta_min=10, theta_max=1000, window=1, alpha=1.0)
+    ctrl, sizes = make(), []
+    for _ in range(3):
+        run(ctrl, DECISIONS_KEPT, lambda s, p: (0.9, 0.8), lambda cf: 100.0,
+            start=ctrl.decisions_made)
+        sizes.append(len(pickle.dumps(ctrl.state_dict())))
+    assert ctrl.decisions_made == 3 * DECISIONS_KEPT and len(ctrl.decisions) == DECISIONS_KEPT
+    assert [d["step"] for d in ctrl.decisions] == list(range(2 * DECISIONS_KEPT,
+                                                             3 * DECISIONS_KEPT))
+    assert sizes[2] < 1.05 * sizes[1]
+    again = make()
+    again.load_state_dict(ctrl.state_dict())
+    assert again.decisions_made == 3 * DECISIONS_KEPT and again.decisions == ctrl.decisions

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from gravac.controllers import base
 from gravac.engine.record import STEP_FIELDS
 from gravac.train.config import load_config
 from gravac.train.loop import train
@@ -47,6 +48,22 @@ def test_local_backend_trains_and_logs_the_step_record(tmp_path, compression):
             line = by_step[w["step"]]
             assert line["delta_min"] is not None
             assert (line["delta_min"], line["delta_c"]) == (w["delta_min"], w["delta_c"])
+
+
+def test_window_records_are_all_written_when_the_controller_keeps_the_latest(tmp_path,
+                                                                            monkeypatch):
+    """The controller keeps only its latest decisions (DECISIONS_KEPT): the trainer still
+    writes every window once, numbered from the first, across a resume too."""
+    monkeypatch.setattr(base, "DECISIONS_KEPT", 2)
+    sets = [f"run.output_dir={tmp_path}", "run.name=kept", "run.backend=local",
+            "run.progress=never", "run.report=false", "compression.gravac.window=5",
+            "run.checkpoint_interval=20"]
+    train(load_config([str(REPO / "configs/demo.yaml")], sets + ["run.steps=30"]))
+    train(load_config([str(REPO / "configs/demo.yaml")], sets + ["run.steps=60"]), resume=True)
+    records = [json.loads(line) for line in
+               (tmp_path / "kept" / "metrics.jsonl").read_text().splitlines()]
+    windows = [r for r in records if r["kind"] == "window"]
+    assert [(w["window"], w["step"]) for w in windows] == [(i, 5 * i) for i in range(1, 13)]
 
 
 def test_resuming_a_finished_run_logs_its_final_evaluation_once(tmp_path, capsys):
