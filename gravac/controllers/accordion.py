@@ -24,7 +24,7 @@ from typing import Mapping
 
 import torch
 
-from .base import Controller, StepPlan, StepRecord, Sync
+from .base import Controller, StepPlan, StepRecord, Sync, decision_count, keep_decision
 
 
 class Accordion(Controller):
@@ -113,6 +113,10 @@ class Accordion(Controller):
     def decisions(self) -> list[dict]:
         return self._state["decisions"]
 
+    @property
+    def decisions_made(self) -> int:
+        return decision_count(self._state)
+
     def plan(self, step: int) -> StepPlan:
         layer_cf = dict(self._state["layer_cf"])
         if self.low_rank is not None:
@@ -148,11 +152,19 @@ class Accordion(Controller):
             raise RuntimeError("Accordion.end_interval() before the controller was given to "
                                "gravac.DistributedOptimizer")
         proposal = self._evaluate() if self._sync.rank == 0 else None
-        self._state = self._sync.broadcast_object(proposal, name="gravac.accordion.interval")
+        # The history stays out of the message (it grew with every interval, a dict per
+        # layer each): every rank keeps the same new record.
+        state, record = self._sync.broadcast_object(proposal, name="gravac.accordion.interval")
+        self._state = {**state, "decisions": self._state["decisions"]}
+        if record is not None:
+            keep_decision(self._state, record)
         self._acc.clear()
 
-    def _evaluate(self) -> dict:
-        s = copy.deepcopy(self._state)
+    def _evaluate(self) -> tuple[dict, dict | None]:
+        """Rank 0's interval evaluation: (next state without the history, the decision
+        record or None)."""
+        s = {k: copy.deepcopy(v) for k, v in self._state.items() if k != "decisions"}
+        record = None
         index = s["intervals"]
         norms = {name: float(self._acc[name].norm()) if name in self._acc else 0.0
                  for name in self._layers}
@@ -166,11 +178,11 @@ class Accordion(Controller):
                     ratio = abs(old[name] - norms[name]) / old[name] if old[name] > 0 else float("inf")
                     layer_cf[name] = self.low_cf if ratio >= self.eta else self.high_cf
                 s["layer_cf"] = layer_cf
-                s["decisions"].append({"interval": index, "layer_cf": dict(layer_cf),
-                                       "ratios": {n: abs(old[n] - norms[n]) / old[n] if old[n] > 0
-                                                  else None for n in self._layers}})
+                record = {"interval": index, "layer_cf": dict(layer_cf),
+                          "ratios": {n: abs(old[n] - norms[n]) / old[n] if old[n] > 0
+                                     else None for n in self._layers}}
             s["reference_norms"] = norms
-        return s
+        return s, record
 
     def state_dict(self) -> dict:
         return {"hyper": self.describe(), "state": copy.deepcopy(self._state),

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from gravac.controllers import Accordion, LocalSync, StepRecord
+from gravac.controllers import Accordion, LocalSync, StepRecord, base
 
 SYNC = LocalSync()
 
@@ -69,3 +69,26 @@ def test_state_roundtrip_and_errors():
         Accordion(low_cf=1, high_cf=10, switch_freq=1, eta=0)
     with pytest.raises(RuntimeError, match="before the controller was given"):
         Accordion(low_cf=1, high_cf=10, switch_freq=1).end_interval()
+
+
+class _Recording(LocalSync):
+    def __init__(self):
+        self.sent = []
+
+    def broadcast_object(self, obj, name):
+        self.sent.append(obj)
+        return obj
+
+
+def test_intervals_keep_the_latest_decisions_and_broadcast_no_history(monkeypatch):
+    """An interval's broadcast carries its state and new record, not the records before
+    (a per-layer dict each, so the message grew with every interval), and ``decisions``
+    keeps the latest DECISIONS_KEPT, ``decisions_made`` counting all."""
+    monkeypatch.setattr(base, "DECISIONS_KEPT", 3)
+    sync = _Recording()
+    ctrl = Accordion(low_cf=10, high_cf=100, switch_freq=1, interval_steps=1, eta=0.5)
+    ctrl.bind(["a"], sync)
+    drive(ctrl, [{"a": 1.0 + i} for i in range(10)], steps_per_interval=1)
+    assert ctrl.decisions_made == 9 and [d["interval"] for d in ctrl.decisions] == [7, 8, 9]
+    state, record = sync.sent[-1]
+    assert "decisions" not in state and record["interval"] == 9
