@@ -58,15 +58,22 @@ def results_rows(sweep: Sweep, runs: Sequence[RunSpec], sweep_dir: Path,
 
         rows = results_rows(sweep, runs, Path("/tmp/sw"), {"s-dense": "ok"}, {}, baselines)
     """
-    loaded: dict[str, Run | str] = {}   # run name -> Run, or why it could not be read
+    # Only the baselines stay loaded (each is compared with many runs); a run's own records
+    # go once its row is made: a long run's take ~4 KB of memory per logged step, and
+    # kept, every finished run of the sweep was held at once.
+    baseline_names = set(baselines.values())
+    loaded: dict[str, Run | str] = {}   # baseline name -> Run, or why it could not be read
 
     def load(name: str) -> Run | str:
-        if name not in loaded:
-            try:
-                loaded[name] = load_run(sweep_dir / "runs" / name)
-            except RunLoadError as exc:
-                loaded[name] = str(exc)
-        return loaded[name]
+        if name in loaded:
+            return loaded[name]
+        try:
+            run = load_run(sweep_dir / "runs" / name)
+        except RunLoadError as exc:
+            run = str(exc)
+        if name in baseline_names:
+            loaded[name] = run
+        return run
 
     rows = []
     for run in runs:

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import gc
 import io
 import json
 import pickle
 import re
 import subprocess
 import sys
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -317,6 +319,24 @@ def test_results_rows_exact_numbers(fake_sweep, tmp_path):
     assert crash["floats_vs_dense"] == 0.1 and crash["note"] == "RuntimeError: boom | bang"
     later = rows["t-later"]
     assert later["status"] == "pending" and later["steps"] is None and later["speedup"] is None
+
+
+def test_results_rows_hold_only_the_baseline_and_one_run_loaded(fake_sweep, tmp_path,
+                                                                monkeypatch):
+    """A sweep of long runs: the table is made holding the baselines' records and one run's
+    at a time, not every finished run's at once."""
+    sweep, runs, status, notes, baselines = fake_sweep
+    made, alive, real = [], [], swr.load_run
+
+    def load_run(path):
+        gc.collect()
+        alive.append(sum(ref() is not None for ref in made))
+        run = real(path)
+        made.append(weakref.ref(run))
+        return run
+    monkeypatch.setattr(swr, "load_run", load_run)
+    swr.results_rows(sweep, runs, tmp_path, status, notes, baselines)
+    assert len(made) == 4 and max(alive) <= 2     # the baseline, the previous row's run
 
 
 def test_no_speedup_without_a_successful_baseline(fake_sweep, tmp_path):
