@@ -171,6 +171,21 @@ def _scanned(run_dir) -> list[dict]:
     return found
 
 
+def saved_config(run_dir) -> tuple[dict, Path] | None:
+    """The config the newest readable checkpoint was saved with (common.pt's), and that
+    file; None where no checkpoint holds one. What ``--resume`` compares with when the
+    run's config.yaml is gone (a run folder copied without it)."""
+    for info in _candidates(run_dir):
+        path = checkpoint_root(run_dir) / info["dir"] / "common.pt"
+        try:
+            common = torch.load(path, map_location="cpu", weights_only=False)
+        except Exception:  # noqa: BLE001 - unusable for any reason: try an older one
+            continue
+        if isinstance(common, dict) and isinstance(common.get("config"), dict):
+            return common["config"], path
+    return None
+
+
 def has_checkpoint(run_dir) -> bool:
     """Whether ``--resume`` has anything to try (latest.json, or step folders to scan)."""
     return bool(_candidates(run_dir))

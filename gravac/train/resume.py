@@ -19,7 +19,7 @@ import dataclasses
 from pathlib import Path
 
 from ..engine.run_record import METRICS_FILE
-from .checkpoint import has_checkpoint
+from .checkpoint import has_checkpoint, saved_config
 
 #: Dotted config keys (or prefixes) a resumed run may change freely.
 MAY_CHANGE = (
@@ -137,9 +137,16 @@ def _resume_config_problem(cfg, run_dir: Path) -> str | None:
     try:
         old = yaml.safe_load((run_dir / "config.yaml").read_text())
     except (OSError, yaml.YAMLError) as exc:
-        print(f"resume: cannot compare with {run_dir / 'config.yaml'} ({exc}); "
-              "continuing with the config given", flush=True)
-        return None
+        # Every checkpoint holds the run's config too (a folder copied without its
+        # config.yaml accepted any change before).
+        saved = saved_config(run_dir)
+        if saved is None:
+            print(f"resume: cannot compare with {run_dir / 'config.yaml'} ({exc}) nor with a "
+                  "checkpoint's config; continuing with the config given", flush=True)
+            return None
+        old, source = saved
+        print(f"resume: {run_dir / 'config.yaml'} unreadable ({type(exc).__name__}); "
+              f"comparing with the config saved in {source}", flush=True)
     problem, notes = check_resume_config(old if isinstance(old, dict) else {}, cfg)
     for line in notes:
         print(line, flush=True)

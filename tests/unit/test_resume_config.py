@@ -84,6 +84,21 @@ def test_resume_with_another_method_or_model_is_refused_in_one_line(tmp_path):
     assert "lr: 0.01" in (tmp_path / "r" / "config.yaml").read_text()
 
 
+def test_without_config_yaml_the_resume_compares_with_the_checkpoints_config(tmp_path):
+    """A run folder copied without its config.yaml accepted any change; every checkpoint
+    holds the run's config, so the comparison reads that one."""
+    (first,) = _train(tmp_path, ["--set", "run.steps=2", "--set", "run.checkpoint_interval=1"])
+    assert first.returncode == 0, first.stderr
+    (tmp_path / "r" / "config.yaml").unlink()
+    model, same = _train(
+        tmp_path, ["--resume", "--set", "run.steps=3", "--set", "model.name=wide_head_cnn"],
+        ["--resume", "--set", "run.steps=3"])
+    assert model.returncode == 2 and "Traceback" not in model.stderr
+    assert "model.name 'small_cnn' -> 'wide_head_cnn'" in model.stderr
+    assert "comparing with the config saved in " in model.stdout
+    assert same.returncode == 0, same.stderr
+
+
 def _trainer(tmp_path, *sets):
     from gravac.comm.local import LocalComm
     from gravac.train.loop import Trainer
