@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 from typing import Sequence
 
+from ..engine.run_record import METHOD, WINDOW
 from .load import Run
 from .plots import PLOTS, metric_title
 from .stats import TIME_COLUMNS, Exploration, RunSummary, exploration, time_breakdown
@@ -37,6 +38,24 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
     return lines
+
+
+#: Rows a per-event table (GraVAC's windows, Auto's events) lists at each end: a long run
+#: has thousands of them (a window every 500 steps of a 500k-step run), all in
+#: metrics.jsonl.
+LISTED_ROWS = 100
+
+
+def _event_table(header: Sequence[str], rows: Sequence[Sequence[str]], kind: str) -> list[str]:
+    """``_table`` of the first and last ``LISTED_ROWS`` rows, with a line saying how many
+    were left out between them and where they are (metrics.jsonl's ``kind`` lines)."""
+    if len(rows) <= 2 * LISTED_ROWS:
+        return _table(header, rows)
+    left_out = len(rows) - 2 * LISTED_ROWS
+    gap = [f"... {left_out} more" if i == 0 else DASH for i in range(len(header))]
+    return _table(header, [*rows[:LISTED_ROWS], gap, *rows[-LISTED_ROWS:]]) + [
+        "", f"{left_out} of {len(rows)} rows left out here; every one is a "
+            f"`\"kind\": \"{kind}\"` line of metrics.jsonl."]
 
 
 def summary_table(rows: Sequence[RunSummary], baseline: Run | None) -> list[str]:
@@ -92,8 +111,8 @@ def decisions_section(run: Run) -> list[str]:
              _num(w.get("delta_c"), ".4g"),
              DASH if w.get("settled") is None else ("yes" if w["settled"] else "no")]
             for i, w in enumerate(run.windows, start=1)]
-    return lines + _table(["Window", "After step", "θmin", "θc", "δmin", "δc", "Settled"],
-                          rows) + [""]
+    return lines + _event_table(["Window", "After step", "θmin", "θc", "δmin", "δc",
+                                 "Settled"], rows, WINDOW) + [""]
 
 
 def method_section(run: Run) -> list[str]:
@@ -106,9 +125,9 @@ def method_section(run: Run) -> list[str]:
              *([_num(e.get("lag"), ".3f")] if lag else []),
              _num(e.get("score"), ".4g"), _why(e)]
             for e in run.method_events]
-    lines = [f"### {run.label}", ""] + _table(
+    lines = [f"### {run.label}", ""] + _event_table(
         ["After step", "Event", "Method", "Step ms", "Gain", "Next CF's gain",
-         *(["Lag"] if lag else []), "Score", "Why"], rows) + [""]
+         *(["Lag"] if lag else []), "Score", "Why"], rows, METHOD) + [""]
     cost = exploration(run)
     if cost is not None:
         lines += [exploration_line(cost), ""]

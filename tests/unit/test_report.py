@@ -495,3 +495,31 @@ def test_runs_of_different_lengths_are_timed_when_both_had_done_the_shorter_ones
     assert speedup(long_, short_base) == 100.0 / 50.0
     # Equal lengths still compare wall times, both with their final evaluation.
     assert speedup(long_, base) == 205.0 / 108.0
+
+
+def test_a_long_runs_window_and_method_tables_list_both_ends_and_say_what_is_left_out(
+        tmp_path):
+    """A 500k-step run has a thousand windows: the report lists the first and last
+    LISTED_ROWS and says how many are in metrics.jsonl only."""
+    from gravac.report.summary import LISTED_ROWS, decisions_section, method_section
+
+    n = 2 * LISTED_ROWS + 7
+    windows = [{"kind": "window", "step": 10 * w, "window": w, "time": float(w),
+                "theta_min": 10.0, "theta_c": 20.0, "delta_min": 0.9, "delta_c": 0.8,
+                "table": {"10.0": 1.0}, "settled": False} for w in range(1, n + 1)]
+    events = [{"kind": "method", "step": w, "time": float(w), "event": "measured",
+               "method": "fp16", "t": 0.5, "gain": 1.0} for w in range(1, n + 1)]
+    steps = [step(k, float(k), 10.0, "min", k, 10 * k) for k in (1, 10 * n)]
+    run = load_run(write_run(tmp_path / "long", [start("long", "gravac"), *steps, *windows,
+                                                  *events, {"kind": "run_end", "step": 10 * n,
+                                                            "time": float(n)}]))
+    for lines, kind in ((decisions_section(run), "window"), (method_section(run), "method")):
+        rows = [line for line in lines if line.startswith("| ") and line[2].isdigit()]
+        assert len(rows) == 2 * LISTED_ROWS
+        assert rows[0].startswith("| 1 |") and rows[-1].startswith(f"| {n} |")
+        gap = [line for line in lines if line.startswith("| ... 7 more |")]
+        assert len(gap) == 1 and lines.index(gap[0]) == lines.index(rows[LISTED_ROWS - 1]) + 1
+        assert f'7 of {n} rows left out here; every one is a `"kind": "{kind}"` line of ' \
+               "metrics.jsonl." in lines
+    short = load_run(gravac_run(tmp_path / "g"))
+    assert not any("left out" in line for line in decisions_section(short))
