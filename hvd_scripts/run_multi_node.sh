@@ -106,7 +106,7 @@ fi
 python=$venv/bin/python
 [ -x "$python" ] || die "$python not found (run hvd_scripts/install.sh; every host needs it at this path)"
 find_horovodrun
-check_config "$python" horovodrun
+check_config "$python" horovodrun "$np"
 
 cd "$repo"
 cmd=("$horovodrun" -np "$np" -H "$host_list" "$controller" ${nics[@]+"${nics[@]}"}

@@ -39,7 +39,7 @@ if [ ! -x "$python" ]; then
     echo "run_single_node.sh: warning: $venv/bin/python not found, using $python" >&2
 fi
 find_horovodrun
-check_config "$python" horovodrun here
+check_config "$python" horovodrun "$np" here
 
 cd "$repo"
 cmd=("$horovodrun" -np "$np" -H "localhost:$np" --gloo "$python" train.py --config "${configs[@]}"

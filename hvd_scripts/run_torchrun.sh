@@ -77,7 +77,7 @@ fi
 python=$venv/bin/python
 [ -x "$python" ] || python=$(command -v python3)
 # One node: every rank starts here, so its device is checked here too.
-check_config "$python" torchrun "$([ "$nnodes" = 1 ] && echo here)"
+check_config "$python" torchrun "$((nproc * nnodes))" "$([ "$nnodes" = 1 ] && echo here)"
 
 cd "$repo"
 cmd=("$torchrun" "${launch[@]}" train.py --config "${configs[@]}" --set run.backend=torch

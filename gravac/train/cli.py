@@ -1,7 +1,7 @@
 """Command line of ``train.py``.
 
     horovodrun -np N python train.py --config FILE [FILE ...] [--set key=value ...]
-                                     [--dry-run] [--resume] [--check [LAUNCHER] [--here]]
+                                     [--dry-run] [--resume] [--check [LAUNCHER] [--here] [--ranks N]]
     torchrun --nproc-per-node N train.py --config FILE [FILE ...] ...
 """
 from __future__ import annotations
@@ -60,9 +60,14 @@ def parse_args(argv=None) -> argparse.Namespace:
                              "run.device=cuda is checked here too (a GPU this process sees, "
                              "Horovod's GPU operations); a multi-node launch checks it on the "
                              "hosts that train")
+    parser.add_argument("--ranks", type=int, default=None, metavar="N",
+                        help="with --check --resume: the job will start N ranks; a checkpoint "
+                             "written by another number is refused here, before the launch")
     args = parser.parse_args(argv)
     if args.here and args.check is None:
         parser.error("--here goes with --check (it says where the checked job will start)")
+    if args.ranks is not None and (args.check is None or args.ranks < 1):
+        parser.error("--ranks N goes with --check, N >= 1 (the ranks the checked job starts)")
     if args.check and args.check not in LAUNCHERS.values():
         parser.error(f"--check {args.check}: the launcher is one of "
                      f"{', '.join(LAUNCHERS.values())}")
@@ -70,17 +75,19 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def check(cfg, resume: bool = False, run_folder: bool = True,
-          device_backend: str | None = None) -> None:
+          device_backend: str | None = None, ranks: int | None = None) -> None:
     """The config (already validated), its data files and (``run_folder``) the run folder,
     in this one process: what a launched job would fail on next (bad or missing files, a
     folder that holds another run, a resume that has nothing to continue or changes the
     experiment). A dry run writes no folder; a series decides per run whether it resumes.
     ``device_backend`` (the transport of a job that starts on this host): run.device=cuda
-    is checked here too."""
+    is checked here too. ``ranks`` (the ranks the job starts): a resumed checkpoint's
+    world size must be it."""
     from pathlib import Path
 
+    from .checkpoint import latest_info
     from .device import gpu_problem
-    from .resume import run_dir_problem
+    from .resume import run_dir_problem, world_size_problem
     from .tasks import build_task
 
     if device_backend is not None and cfg.run.device == "cuda":
@@ -88,8 +95,12 @@ def check(cfg, resume: bool = False, run_folder: bool = True,
         if problem is not None:
             raise ConfigError(problem)
     build_task(cfg, rank=0, world_size=1)
-    problem = run_folder and run_dir_problem(cfg, Path(cfg.run.output_dir) / cfg.run.name,
-                                             resume)
+    run_dir = Path(cfg.run.output_dir) / cfg.run.name
+    problem = run_folder and run_dir_problem(cfg, run_dir, resume)
+    if problem:
+        raise ConfigError(problem)
+    info = latest_info(run_dir) if run_folder and resume and ranks is not None else None
+    problem = info is not None and world_size_problem(info["world_size"], ranks)
     if problem:
         raise ConfigError(problem)
 
@@ -117,7 +128,7 @@ def main(argv=None) -> int:
         try:
             backend = {name: b for b, name in LAUNCHERS.items()}.get(args.check, "local")
             check(cfg, resume=args.resume, run_folder=not args.dry_run,
-                  device_backend=backend if args.here else None)
+                  device_backend=backend if args.here else None, ranks=args.ranks)
         except ConfigError as exc:
             print(f"config error: {exc}", file=sys.stderr)
             return 2

@@ -38,7 +38,7 @@ from .config import Config, ConfigError, dump_yaml, to_dict
 from .device import describe_device, rank_device, wants_gpu
 from .method import build_method, prepare_environment
 from .monitor import RankPhaseLog, RunLogger, truncate_metrics
-from .resume import occupied, run_dir_problem
+from .resume import occupied, run_dir_problem, world_size_problem
 from .run_lock import RunDirLock, clear_run_dir
 from .schedule import build_scheduler, changed_schedule_factor, continue_schedule
 from .signals import Interrupted, StopSignal
@@ -188,11 +188,9 @@ class Trainer:
             return
         common, rank_state, info = load_checkpoint(
             self.run_dir, comm, log=lambda text: print(f"[rank {rank}] {text}", flush=True))
-        if info["world_size"] != self.world:
-            raise ConfigError(f"--resume: the checkpoint was written by {info['world_size']} "
-                              f"ranks, this job has {self.world}; run it with {info['world_size']} "
-                              f"ranks (horovodrun -np {info['world_size']} or torchrun "
-                              f"--nproc-per-node ...)")
+        problem = world_size_problem(info["world_size"], self.world)
+        if problem:
+            raise ConfigError(problem)
         try:
             self.model.load_state_dict(common["model"])
         except RuntimeError as exc:       # every rank builds the same model: all fail here

@@ -113,6 +113,15 @@ def occupied(run_dir: Path) -> bool:
     return (run_dir / METRICS_FILE).exists() or (run_dir / "checkpoints").exists()
 
 
+def world_size_problem(saved: int, ranks: int) -> str | None:
+    """Why a checkpoint written by ``saved`` ranks cannot go on with ``ranks``, or None: the
+    residuals, data shards and controller state are per rank."""
+    if saved == ranks:
+        return None
+    return (f"--resume: the checkpoint was written by {saved} ranks, this job has {ranks}; run "
+            f"it with {saved} ranks (horovodrun -np {saved} or torchrun --nproc-per-node ...)")
+
+
 def run_dir_problem(cfg, run_dir: Path, resume: bool) -> str | None:
     """Why the run cannot start (or, ``resume``, continue) in ``run_dir``, or None. Reads
     only: the trainer's rank 0 asks it holding the folder's lock (and then clears an

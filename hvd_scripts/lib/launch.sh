@@ -57,18 +57,19 @@ find_horovodrun() {
     fi
 }
 
-# check_config PYTHON LAUNCHER [here]: `train.py --check LAUNCHER` with the configs and
-# train.py arguments, before the launcher (horovodrun or torchrun) starts: a bad config or
-# data file, or an option the launcher's transport lacks, is its one line (exit 2), not a
+# check_config PYTHON LAUNCHER RANKS [here]: `train.py --check LAUNCHER` with the configs
+# and train.py arguments, before the launcher (horovodrun or torchrun) starts: a bad config
+# or data file, an option the launcher's transport lacks, or a --resume whose checkpoint
+# another number of ranks wrote (`--ranks RANKS`, the job's) is its one line (exit 2), not a
 # line buried under every rank's output and the launcher's own traceback. From the repo,
 # where the job runs: relative paths in the config (run.output_dir, data.root) mean there
 # what they will. `here`: the job starts on this host only, so run.device=cuda is checked
 # here too (`--here`).
 check_config() {
     local here=()
-    [ "${3:-}" = here ] && here=(--here)
+    [ "${4:-}" = here ] && here=(--here)
     (cd "$repo" && "$1" "$repo/train.py" --config "${configs[@]}" ${train_args[@]+"${train_args[@]}"} \
-        ${here[@]+"${here[@]}"} --check "$2" >/dev/null) || exit $?
+        ${here[@]+"${here[@]}"} --ranks "$3" --check "$2" >/dev/null) || exit $?
 }
 
 # exec_job PYTHON COMMAND...: becomes gravac/util/job.py running COMMAND (the launcher):

@@ -149,3 +149,26 @@ def test_a_forced_controller_change_that_its_state_cannot_take_is_one_line(tmp_p
                                               r"does not fit this run's \(.*\); .* start a new run$"):
             trainer.start(resume=True)
         trainer.release_run_dir()
+
+
+def test_check_refuses_a_resume_with_another_number_of_ranks_before_the_launch(tmp_path):
+    """The launch scripts pass the ranks they start (--ranks): a checkpoint of another
+    world size is the check's one line, not every launched rank's after the launcher
+    started them."""
+    import contextlib
+    import io
+
+    from gravac.train.cli import main
+
+    (first,) = _train(tmp_path, ["--set", "run.steps=2"])
+    assert first.returncode == 0, first.stderr
+    # (No run.backend=local: the check names the launcher that starts the job.)
+    args = ["--config", DEMO, "--resume", "--set", f"run.output_dir={tmp_path}", "run.name=r"]
+    for ranks, code in ((2, 2), (1, 0)):
+        err, out = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
+            assert main([*args, "--ranks", str(ranks), "--check", "horovodrun"]) == code
+        if code:
+            assert err.getvalue() == ("config error: --resume: the checkpoint was written by 1 "
+                                      "ranks, this job has 2; run it with 1 ranks (horovodrun "
+                                      "-np 1 or torchrun --nproc-per-node ...)\n")
