@@ -611,14 +611,14 @@ def validate(cfg: Config) -> None:
     _require(c.exchange == "allgather" or c.controller != "dense", "compression.exchange",
              c.exchange, "moves sparse selections: it needs a controller other than dense "
              "(dense travels by allreduce already: use exchange: allgather)")
-    _require(c.exchange != "hierarchical" or not r.elastic, "compression.exchange", c.exchange,
-             "cannot be combined with run.elastic=true: its host groups are Horovod process "
-             "sets, which elastic resets do not rebuild; use exchange: allgather or "
-             "shared_index with elastic runs")
-    _require("hierarchical" not in exchanges_named(c) or not r.elastic,
-             "compression.auto.methods", c.auto.methods,
-             "cannot name @hierarchical with run.elastic=true: its host groups are Horovod "
-             "process sets, which elastic resets do not rebuild; name another exchange")
+    if r.elastic and "hierarchical" in exchanges_named(c):
+        why = "its host groups are Horovod process sets, which elastic resets do not rebuild"
+        _require(c.exchange != "hierarchical", "compression.exchange", c.exchange,
+                 f"cannot be combined with run.elastic=true: {why}; use exchange: allgather "
+                 "or shared_index with elastic runs")
+        _require(False, "compression.auto.methods", c.auto.methods,
+                 f"cannot name @hierarchical with run.elastic=true: {why}; name another "
+                 "exchange")
     _require(c.controller == "dense" or c.compressor != "none", "compression.compressor",
              c.compressor, f"compression.controller={c.controller} needs a sparsifier "
              "(topk, dgc, redsync or randomk) or powersgd; for no compression use "
