@@ -134,11 +134,16 @@ def seed_axis(sweep: Sweep) -> Axis | None:
     return None
 
 
+def _other_axes(sweep: Sweep) -> tuple[Axis | None, list[str]]:
+    """The axis over ``run.seed`` (or None) and the names of the other axes."""
+    seeds = seed_axis(sweep)
+    return seeds, [a.name for a in sweep.axes if a is not seeds]
+
+
 def seed_columns(sweep: Sweep) -> list[str]:
     """Columns of ``seed_rows``: the other axes, ``seeds``, ``metric``, then each of
     ``SEED_MEASURES`` as ``<measure>_mean`` and ``<measure>_sd``."""
-    seeds = seed_axis(sweep)
-    others = [a.name for a in sweep.axes if a is not seeds]
+    _, others = _other_axes(sweep)
     return [*others, "seeds", "metric",
             *(f"{m}_{what}" for m in SEED_MEASURES for what in ("mean", "sd"))]
 
@@ -156,10 +161,9 @@ def seed_rows(sweep: Sweep, rows: Sequence[dict]) -> list[dict[str, Any]]:
         # {'c': 'topk', 'seeds': '2 of 2', 'metric': 'top1', 'final_metric_mean': 0.91,
         #  'final_metric_sd': 0.004, 'wall_time_s_mean': 12.5, ...}
     """
-    seeds = seed_axis(sweep)
+    seeds, others = _other_axes(sweep)
     if seeds is None:
         return []
-    others = [a.name for a in sweep.axes if a is not seeds]
     points: dict[tuple, list[dict]] = {}
     for row in rows:
         points.setdefault(tuple(row.get(name) for name in others), []).append(row)
@@ -212,8 +216,7 @@ def _seed_table(sweep: Sweep, rows: Sequence[dict]) -> list[str]:
     summary = seed_rows(sweep, rows)
     if not summary:
         return []
-    seeds = seed_axis(sweep)
-    others = [a.name for a in sweep.axes if a is not seeds]
+    seeds, others = _other_axes(sweep)
     cols = [*others, "seeds", "metric", *SEED_MEASURES]
 
     def cell(row: dict, col: str) -> str:
